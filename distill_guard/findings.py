@@ -1,0 +1,117 @@
+"""Findings: what a check saw, in a form the policy, the log and a person can all read."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class Severity(str, Enum):
+    """How bad a finding is. Ordered: info < warn < critical."""
+
+    INFO = "info"
+    WARN = "warn"
+    CRITICAL = "critical"
+
+    @property
+    def rank(self) -> int:
+        return _SEVERITY_RANK[self]
+
+    def __ge__(self, other: Severity) -> bool:  # type: ignore[override]
+        return self.rank >= Severity(other).rank
+
+    def __gt__(self, other: Severity) -> bool:  # type: ignore[override]
+        return self.rank > Severity(other).rank
+
+    def __le__(self, other: Severity) -> bool:  # type: ignore[override]
+        return self.rank <= Severity(other).rank
+
+    def __lt__(self, other: Severity) -> bool:  # type: ignore[override]
+        return self.rank < Severity(other).rank
+
+
+_SEVERITY_RANK = {Severity.INFO: 0, Severity.WARN: 1, Severity.CRITICAL: 2}
+
+
+class Code:
+    """Stable finding codes. Dashboards, alerts and tests key on these; never rename one."""
+
+    TEACHER_UNIFORM = "teacher.uniform"
+    TEACHER_NONFINITE = "teacher.nonfinite"
+    TEACHER_FINGERPRINT_MISMATCH = "teacher.fingerprint_mismatch"
+    TEACHER_UNREACHABLE = "teacher.unreachable"
+    TEACHER_REPAIRED = "teacher.repaired"
+    TEACHER_REPAIR_FAILED = "teacher.repair_failed"
+    LOSS_JSD_CEILING = "loss.jsd_ceiling"
+    LOSS_REVERSE_KL_SIGNATURE = "loss.reverse_kl_signature"
+    STUDENT_ENTROPY_DRIFT = "student.entropy_drift"
+    STUDENT_ENTROPY_DROP = "student.entropy_drop"
+    STUDENT_ENTROPY_LIMIT = "student.entropy_limit"
+    STUDENT_TRUNCATION = "student.truncation"
+    METRIC_NONFINITE = "metric.nonfinite"
+    CONFIG_NO_WEIGHTS_BACKUP = "config.no_weights_backup"
+    CONFIG_BACKUP_DISABLED_BY_CACHE_MODE = "config.backup_disabled_by_cache_mode"
+    CONFIG_NONDETERMINISTIC = "config.nondeterministic"
+    GUARD_INTERNAL_ERROR = "guard.internal_error"
+    ALERT_FAILED = "guard.alert_failed"
+
+
+def _jsonable(value: Any) -> Any:
+    """Floats that JSON cannot carry (NaN, inf) become strings so an event line always parses."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
+        return _jsonable(value.item())
+    return value
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One observation that something is, or may be, wrong.
+
+    The message is for a person: it names what was measured, the bound it was held against, and
+    what to do. ``values`` carries the same numbers for machines (the event log, dashboards).
+    """
+
+    code: str
+    """Stable identifier from :class:`Code`."""
+    severity: Severity
+    """info: recorded only; warn: alert a person; critical: the run is being harmed now."""
+    message: str
+    """What was measured, against which bound, and what to do about it."""
+    step: int | None = None
+    """Training step the observation belongs to (``None`` before training, e.g. preflight)."""
+    values: dict[str, Any] = field(default_factory=dict)
+    """The measured numbers and bounds behind the message."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "code": self.code,
+            "severity": self.severity.value,
+            "message": self.message,
+            "values": _jsonable(dict(self.values)),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Finding:
+        return cls(
+            code=data["code"],
+            severity=Severity(data["severity"]),
+            message=data["message"],
+            step=data.get("step"),
+            values=dict(data.get("values") or {}),
+        )
+
+
+def worst(findings: list[Finding]) -> Severity | None:
+    """The highest severity among findings, or None for none."""
+    if not findings:
+        return None
+    return max((f.severity for f in findings), key=lambda s: s.rank)
