@@ -45,6 +45,7 @@ class Code:
     TEACHER_REPAIRED = "teacher.repaired"
     TEACHER_REPAIR_FAILED = "teacher.repair_failed"
     LOSS_JSD_CEILING = "loss.jsd_ceiling"
+    LOSS_ABOVE_CEILING = "loss.above_ceiling"
     LOSS_REVERSE_KL_SIGNATURE = "loss.reverse_kl_signature"
     STUDENT_ENTROPY_DRIFT = "student.entropy_drift"
     STUDENT_ENTROPY_DROP = "student.entropy_drop"

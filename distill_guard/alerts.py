@@ -1,0 +1,91 @@
+"""Alerts to people: the Python logger always, wandb on rank 0, throttled per title, never fatal."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("distill_guard")
+
+LEVELS = ("INFO", "WARN", "ERROR")
+MAX_TITLE = 63
+"""wandb asks for titles under 64 characters; its server throttles by title."""
+
+
+def alert_title(code: str, action: str | None = None) -> str:
+    """A stable, short title: the same fault always maps to the same title, so throttling works."""
+    title = f"distill_guard {action}: {code}" if action else f"distill_guard: {code}"
+    return title[:MAX_TITLE]
+
+
+@dataclass
+class Alerter:
+    """Sends alerts to the logger and, on rank 0, to a wandb run.
+
+    ``run`` may be a wandb ``Run`` or None (then ``wandb.run`` is used if a run is active).
+    A disabled or offline run delivers nothing, which is why every alert is also logged and
+    written to the event file by the guard. Any exception from wandb is caught and reported
+    through ``on_error``; it never reaches the trainer.
+    """
+
+    rank: int = 0
+    """This process's rank; only rank 0 talks to wandb."""
+    use_wandb: bool = True
+    """Send alerts to wandb when a run is active."""
+    min_interval_s: float = 600.0
+    """Per-title throttle, also passed to wandb as ``wait_duration``."""
+    run: Any = None
+    """A wandb Run; None means ``wandb.run`` at alert time."""
+    on_error: Callable[[str, Exception], None] | None = None
+    """Called with (title, exception) when wandb refuses an alert."""
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False)
+
+    def __post_init__(self) -> None:
+        self._last_sent: dict[str, float] = {}
+
+    def alert(self, title: str, text: str, level: str = "WARN") -> bool:
+        """Log the alert; send it to wandb unless throttled. True if wandb accepted it."""
+        if level not in LEVELS:
+            raise ValueError(f"alert level must be one of {LEVELS}, got {level!r}")
+        title = title[:MAX_TITLE]
+        log_level = {"INFO": logging.INFO, "WARN": logging.WARNING, "ERROR": logging.ERROR}[level]
+        log.log(log_level, "%s: %s", title, text)
+        if self.rank != 0 or not self.use_wandb:
+            return False
+        now = self.clock()
+        last = self._last_sent.get(title)
+        if last is not None and now - last < self.min_interval_s:
+            return False
+        run = self.run if self.run is not None else _active_wandb_run()
+        if run is None:
+            return False
+        self._last_sent[title] = now
+        try:
+            run.alert(
+                title=title, text=text, level=_wandb_level(level), wait_duration=self.min_interval_s
+            )
+        except Exception as exc:  # noqa: BLE001 - an alert must never kill training
+            if self.on_error is not None:
+                self.on_error(title, exc)
+            log.warning("distill_guard: wandb alert %r failed: %s", title, exc)
+            return False
+        return True
+
+
+def _active_wandb_run() -> Any:
+    try:
+        import wandb
+    except ImportError:
+        return None
+    return wandb.run
+
+
+def _wandb_level(level: str) -> Any:
+    try:
+        from wandb import AlertLevel
+    except ImportError:
+        return level
+    return getattr(AlertLevel, level)

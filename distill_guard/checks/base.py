@@ -1,0 +1,33 @@
+"""The check protocol: observe one stage's data, return findings. No side effects beyond own state."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from distill_guard.findings import Finding
+from distill_guard.observations import RunSpec, StepMetrics, TeacherScores
+
+
+class Check:
+    """Base for checks. Subclasses are dataclasses whose fields are their configuration.
+
+    A check sees a stage only if it overrides that stage's method. Checks never act: they report,
+    and :class:`~distill_guard.policy.Policy` decides. State that must survive a resume goes
+    through ``state_dict``.
+    """
+
+    name: ClassVar[str] = "check"
+
+    def on_teacher_scores(self, scores: TeacherScores, run: RunSpec) -> list[Finding]:
+        """After the teacher scored this step's batch, before the loss is taken."""
+        return []
+
+    def on_step_metrics(self, metrics: StepMetrics, run: RunSpec) -> list[Finding]:
+        """After the optimizer step, with the step's scalar metrics."""
+        return []
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict`` returned; stateless checks have nothing to restore."""

@@ -1,0 +1,183 @@
+"""Teacher collapse: the teacher's scores are uniform (−ln V everywhere) or not finite."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from distill_guard.checks.base import Check
+from distill_guard.findings import Code, Finding, Severity
+from distill_guard.observations import Metric, RunSpec, StepMetrics, TeacherScores
+from distill_guard.signals import infer_uniform_vocab_size, teacher_logprob_stats, uniform_logprob
+
+FIX = (
+    "Re-load the teacher's weights now (the guard's rewake does this), and relaunch the teacher "
+    "with its weights CPU backup on: SGLang --enable-weights-cpu-backup "
+    "(Relax: --teacher-sglang-enable-weights-cpu-backup)."
+)
+
+
+@dataclass
+class TeacherCollapseCheck(Check):
+    """Flags a teacher whose distribution is uniform, or whose logprobs are NaN/+inf.
+
+    Uniformity is an invariant, not a statistic: if a row's top-1 logprob is −ln V the whole row
+    is uniform. Repeated values alone are not collapse (a confident teacher repeats 0.0); the
+    values must sit at −ln V. Sampled-token logprobs need a fraction of tokens at −ln V, since a
+    healthy teacher may give one rare token that value by chance.
+    """
+
+    name: ClassVar[str] = "teacher_collapse"
+
+    enabled: bool = True
+    """Switch the check off without removing it from a preset."""
+    atol: float = 1e-3
+    """Distance from −ln V (nats) within which a logprob counts as uniform."""
+    min_row_fraction: float = 0.01
+    """Top-k input: flag when at least this fraction of rows is uniform (1 % catches one dead
+    replica among many; a healthy teacher has none)."""
+    min_token_fraction: float = 0.05
+    """Sampled-token input: flag when at least this fraction of tokens sits at −ln V."""
+    mean_atol: float = 1e-3
+    """Scalar metric (``teacher_logprob``, a batch mean): flag when within this of −ln V."""
+
+    def on_teacher_scores(self, scores: TeacherScores, run: RunSpec) -> list[Finding]:
+        if not self.enabled:
+            return []
+        findings: list[Finding] = []
+        if scores.topk_logprobs is not None:
+            findings += self._judge(scores.topk_logprobs, scores, run, topk=True)
+        if scores.token_logprobs is not None:
+            findings += self._judge(scores.token_logprobs, scores, run, topk=False)
+        return _dedupe(findings)
+
+    def on_step_metrics(self, metrics: StepMetrics, run: RunSpec) -> list[Finding]:
+        mean = metrics.get(Metric.TEACHER_LOGPROB)
+        if not self.enabled or mean is None or run.vocab_size is None or not math.isfinite(mean):
+            return []
+        target = uniform_logprob(run.vocab_size)
+        if abs(mean - target) > self.mean_atol:
+            return []
+        return [
+            Finding(
+                Code.TEACHER_UNIFORM,
+                Severity.CRITICAL,
+                f"Mean teacher logprob {mean:.5f} is within {self.mean_atol:g} of −ln V = "
+                f"{target:.5f} (V={run.vocab_size}): the teacher is scoring with a uniform "
+                f"distribution. {FIX}",
+                metrics.step,
+                {
+                    "teacher_logprob_mean": mean,
+                    "uniform_logprob": target,
+                    "vocab_size": run.vocab_size,
+                },
+            )
+        ]
+
+    def _judge(
+        self, x: torch.Tensor, scores: TeacherScores, run: RunSpec, *, topk: bool
+    ) -> list[Finding]:
+        kind = "top-k rows" if topk else "sampled-token logprobs"
+        step = scores.step
+        findings = []
+        bad = torch.isnan(x) | (x == math.inf)
+        if not topk:  # a sampled token cannot have probability zero under a sane teacher
+            bad |= x == -math.inf
+        if scores.mask is not None:
+            m = scores.mask.to(device=x.device, dtype=torch.bool)
+            bad = bad & (m if bad.dim() == 1 else m.unsqueeze(-1))
+        n_bad = int(bad.sum())
+        if n_bad:
+            findings.append(
+                Finding(
+                    Code.TEACHER_NONFINITE,
+                    Severity.CRITICAL,
+                    f"{n_bad} of {bad.numel()} teacher {kind} are NaN or infinite (bound: 0). "
+                    "The loss built on them is meaningless. Check the teacher's weights "
+                    "(a rewake reloads them) and its dtype/attention backend.",
+                    step,
+                    {"nonfinite": n_bad, "count": bad.numel(), "input": kind},
+                )
+            )
+        stats = teacher_logprob_stats(x, run.vocab_size, atol=self.atol, mask=scores.mask)
+        values = {
+            "input": kind,
+            "count": stats.count,
+            "mean": stats.mean,
+            "spread": stats.spread,
+            "top1_mean": stats.top1_mean,
+            "vocab_size": run.vocab_size,
+        }
+        if run.vocab_size is not None:
+            target = uniform_logprob(run.vocab_size)
+            if topk:
+                rows = _rows(x, scores.mask)
+                top1 = rows.max(dim=1).values
+                frac = (
+                    float(((top1 - target).abs() <= self.atol).double().mean())
+                    if top1.numel()
+                    else 0.0
+                )
+                bound = self.min_row_fraction
+            else:
+                frac, bound = stats.uniform_fraction, self.min_token_fraction
+            if frac >= bound:
+                findings.append(
+                    Finding(
+                        Code.TEACHER_UNIFORM,
+                        Severity.CRITICAL,
+                        f"{frac:.1%} of teacher {kind} sit within {self.atol:g} of −ln V = "
+                        f"{target:.5f} (V={run.vocab_size}; bound {bound:.1%}); spread "
+                        f"{stats.spread:.2e}. The teacher's distribution is uniform, as after a "
+                        f"colocated SGLang wake without weights backup. {FIX}",
+                        step,
+                        {
+                            **values,
+                            "uniform_fraction": frac,
+                            "bound": bound,
+                            "uniform_logprob": target,
+                        },
+                    )
+                )
+        elif (
+            topk
+            and stats.row_flat_fraction >= self.min_row_fraction
+            and stats.top1_mean < -math.log(x.shape[-1])
+        ):
+            guessed = infer_uniform_vocab_size(stats.top1_mean)
+            findings.append(
+                Finding(
+                    Code.TEACHER_UNIFORM,
+                    Severity.CRITICAL,
+                    f"{stats.row_flat_fraction:.1%} of teacher top-k rows are flat (all k values "
+                    f"within {self.atol:g}) at {stats.top1_mean:.5f} = −ln {guessed}: a uniform "
+                    f"teacher over a vocabulary of about {guessed}. Set vocab_size to make this "
+                    f"test exact. {FIX}",
+                    step,
+                    {
+                        **values,
+                        "row_flat_fraction": stats.row_flat_fraction,
+                        "inferred_vocab_size": guessed,
+                    },
+                )
+            )
+        return findings
+
+
+def _rows(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    if mask is not None:
+        x = x[mask.to(device=x.device, dtype=torch.bool)]
+    finite_rows = torch.isfinite(x).any(dim=1)
+    x = x[finite_rows]
+    return torch.where(torch.isfinite(x), x, torch.full_like(x, -math.inf)).double()
+
+
+def _dedupe(findings: list[Finding]) -> list[Finding]:
+    """One finding per code per call: top-k and token views of one batch describe one fault."""
+    seen: dict[str, Finding] = {}
+    for f in findings:
+        seen.setdefault(f.code, f)
+    return list(seen.values())

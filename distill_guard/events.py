@@ -1,0 +1,60 @@
+"""Append-only JSONL event log: one line per finding, decision, repair and alert."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from distill_guard.findings import _jsonable
+
+log = logging.getLogger("distill_guard")
+
+
+class EventLog:
+    """Writes each event as one JSON line and flushes it at once, so a crash loses nothing.
+
+    Never raises into the trainer: if the file cannot be written the log says so once and the
+    guard carries on (its findings still reach the Python logger).
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | None, *, rank: int = 0) -> None:
+        self.path = Path(path) if path is not None else None
+        self.rank = rank
+        self._fh: TextIO | None = None
+        self._broken = False
+
+    def write(self, kind: str, **payload: Any) -> None:
+        if self.path is None or self._broken:
+            return
+        record = {"time": round(time.time(), 3), "rank": self.rank, "kind": kind, **payload}
+        try:
+            if self._fh is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._fh = self.path.open("a", encoding="utf-8")
+            self._fh.write(json.dumps(_jsonable(record), allow_nan=False) + "\n")
+            self._fh.flush()
+        except (OSError, TypeError, ValueError) as exc:
+            self._broken = True
+            log.error(
+                "distill_guard: event log %s disabled after a write error: %s", self.path, exc
+            )
+
+    def close(self) -> None:
+        if self._fh is not None:
+            try:
+                self._fh.flush()
+                os.fsync(self._fh.fileno())
+                self._fh.close()
+            except OSError:
+                pass
+            self._fh = None
+
+
+def read_events(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """All events of a log file, in order."""
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]

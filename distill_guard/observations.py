@@ -1,0 +1,106 @@
+"""What the guard is shown each step, in trainer-neutral form, and what it knows of the run."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+
+import torch
+
+from distill_guard.signals import jsd_ceiling
+
+
+class Metric:
+    """Canonical metric roles. Adapters map their framework's names onto these."""
+
+    LOSS = "loss"
+    STUDENT_ENTROPY = "student_entropy"
+    TRUNCATED_RATIO = "truncated_ratio"
+    TEACHER_LOGPROB = "teacher_logprob"
+    EVAL_ACCURACY = "eval_accuracy"
+
+    ALL = (LOSS, STUDENT_ENTROPY, TRUNCATED_RATIO, TEACHER_LOGPROB, EVAL_ACCURACY)
+
+
+RELAX_METRIC_NAMES: dict[str, str] = {
+    Metric.LOSS: "train/loss",
+    Metric.STUDENT_ENTROPY: "train/entropy_loss",
+    Metric.TEACHER_LOGPROB: "rollout/teacher_log_probs",
+    Metric.TRUNCATED_RATIO: "rollout/truncated_ratio",
+    Metric.EVAL_ACCURACY: "eval/*",
+}
+"""Relax's metric names (reference/relax-integration.md §1.4). ``eval/*`` takes the first eval key
+that is not a truncation ratio or a sub-metric."""
+
+
+class LossKind(str, Enum):
+    """Which distillation loss the trainer optimises."""
+
+    JSD = "jsd"
+    REVERSE_KL = "reverse_kl"
+    FORWARD_KL = "forward_kl"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Facts of the run that every check may need, set once by the user or learnt from the teacher.
+
+    β is the weight of the *teacher* in the JSD mixture m = (1−β)·student + β·teacher (Relax's
+    ``--opd-jsd-alpha``, TRL's ``beta``). Its ceiling H(β) is symmetric, so the check does not
+    depend on the convention; at β ∈ {0, 1} the loss is a KL and has no ceiling.
+    """
+
+    vocab_size: int | None = None
+    """Teacher vocabulary size V (``config.json`` ``vocab_size``); None disables the −ln V tests."""
+    loss: LossKind = LossKind.JSD
+    """The distillation loss in ``train/loss``."""
+    beta: float = 0.5
+    """JSD mixture weight of the teacher."""
+    loss_scale: float = 1.0
+    """Factor the trainer applies to the per-token loss (coefficients, temperature²); undone
+    before comparing with a bound."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "loss", LossKind(self.loss))
+        if self.vocab_size is not None and self.vocab_size < 2:
+            raise ValueError(f"vocab_size must be >= 2, got {self.vocab_size}")
+        if not 0.0 <= self.beta <= 1.0:
+            raise ValueError(f"beta must lie in [0, 1], got {self.beta}")
+        if not self.loss_scale > 0:
+            raise ValueError(f"loss_scale must be > 0, got {self.loss_scale}")
+
+    @property
+    def loss_ceiling(self) -> float | None:
+        """The bound on the unscaled per-token loss, or None where the loss has none."""
+        return jsd_ceiling(self.beta) if self.loss is LossKind.JSD else None
+
+    @property
+    def log_vocab(self) -> float | None:
+        return math.log(self.vocab_size) if self.vocab_size else None
+
+
+@dataclass
+class TeacherScores:
+    """The teacher's logprobs for this step's batch, as scored (rollout side, before the update)."""
+
+    step: int
+    token_logprobs: torch.Tensor | None = None
+    """Logprobs of the sampled tokens, ``[N]`` (flattened over the batch)."""
+    topk_logprobs: torch.Tensor | None = None
+    """Top-k logprobs per position, ``[N, K]``."""
+    mask: torch.Tensor | None = None
+    """``[N]`` bool: which positions count (response tokens, SDPO sample mask)."""
+
+
+@dataclass
+class StepMetrics:
+    """Scalar metrics of one step, keyed by :class:`Metric` roles; absent roles are skipped."""
+
+    step: int
+    values: Mapping[str, float] = field(default_factory=dict)
+
+    def get(self, role: str) -> float | None:
+        value = self.values.get(role)
+        return None if value is None else float(value)

@@ -1,0 +1,182 @@
+"""Policy: turns a step's findings into one decision, with patience and escalation.
+
+Pure bookkeeping, no I/O: the guard executes the decision, the policy only counts. Detection
+and action are split so a preset can watch without acting (``monitor_only``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from distill_guard.findings import Code, Finding, Severity
+
+
+class Action(str, Enum):
+    """What the run should do now. Ordered: continue < alert < skip_batch < rewake < halt."""
+
+    CONTINUE = "continue"
+    ALERT = "alert"
+    SKIP_BATCH = "skip_batch"
+    REWAKE = "rewake"
+    HALT = "halt"
+
+    @property
+    def rank(self) -> int:
+        return list(Action).index(self)
+
+
+TEACHER_ATTRIBUTED = frozenset(
+    {
+        Code.TEACHER_UNIFORM,
+        Code.TEACHER_NONFINITE,
+        Code.TEACHER_FINGERPRINT_MISMATCH,
+        Code.LOSS_JSD_CEILING,
+        Code.LOSS_REVERSE_KL_SIGNATURE,
+    }
+)
+"""Critical findings whose cause is the teacher, so reloading the teacher can fix them."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The policy's verdict for one step (or one stage of it)."""
+
+    step: int | None
+    action: Action
+    """What to do. Under ``monitor_only`` never more than ``alert``."""
+    reasons: tuple[Finding, ...] = ()
+    """The findings at warn or above behind the action."""
+    intended: Action | None = None
+    """What an acting policy would have done, when ``monitor_only`` held it back."""
+    message: str = ""
+
+    @property
+    def acts(self) -> bool:
+        """True when the run must change course (skip, repair or halt)."""
+        return self.action.rank >= Action.SKIP_BATCH.rank
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "action": self.action.value,
+            "intended": self.intended.value if self.intended else None,
+            "codes": sorted({f.code for f in self.reasons}),
+            "message": self.message,
+        }
+
+
+@dataclass
+class Policy:
+    """Findings → decision. Fields are the preset knobs.
+
+    A critical finding the teacher can explain asks for ``critical_action`` (a rewake by
+    default: reload the teacher, verify it, carry on); other critical findings skip the batch.
+    Critical findings on ``halt_after_critical_steps`` consecutive steps halt, whatever the
+    first action was: a repair that does not hold is no repair. Warnings alert, and escalate to
+    ``warn_escalation`` only if ``warn_patience`` is set.
+    """
+
+    monitor_only: bool = False
+    """Record and alert, never act. For trying thresholds on a live run first."""
+    critical_action: Action = Action.REWAKE
+    """First response to a teacher-attributed critical finding: rewake, skip_batch or halt."""
+    halt_after_critical_steps: int = 3
+    """Consecutive steps with an unresolved critical finding before halting."""
+    warn_patience: int | None = None
+    """Consecutive steps with warnings before escalating; None: warnings only alert."""
+    warn_escalation: Action = Action.HALT
+    """What persistent warnings escalate to."""
+
+    def __post_init__(self) -> None:
+        self.critical_action = Action(self.critical_action)
+        self.warn_escalation = Action(self.warn_escalation)
+        if self.critical_action not in (Action.REWAKE, Action.SKIP_BATCH, Action.HALT):
+            raise ValueError(
+                f"critical_action must be rewake, skip_batch or halt, got {self.critical_action.value}"
+            )
+        if self.halt_after_critical_steps < 1:
+            raise ValueError(
+                f"halt_after_critical_steps must be >= 1, got {self.halt_after_critical_steps}"
+            )
+        if self.warn_patience is not None and self.warn_patience < 1:
+            raise ValueError(f"warn_patience must be >= 1 or None, got {self.warn_patience}")
+        self._critical = _StepRun()
+        self._warn = _StepRun()
+
+    def decide(self, step: int | None, findings: list[Finding]) -> Decision:
+        """One stage's findings → decision. Several stages of one step count as one step."""
+        critical = [f for f in findings if f.severity is Severity.CRITICAL]
+        warns = [f for f in findings if f.severity is Severity.WARN]
+        reasons = tuple(critical + warns)
+        critical_run = self._critical.observe(step, bool(critical))
+        warn_run = self._warn.observe(step, bool(warns))
+
+        if critical and critical_run >= self.halt_after_critical_steps:
+            action = Action.HALT
+            why = f"critical findings on {critical_run} consecutive steps"
+        elif critical:
+            teacher = any(f.code in TEACHER_ATTRIBUTED for f in critical)
+            action = self.critical_action if teacher else Action.SKIP_BATCH
+            why = "teacher-attributed critical finding" if teacher else "critical finding"
+        elif warns and self.warn_patience is not None and warn_run >= self.warn_patience:
+            action = self.warn_escalation
+            why = f"warnings on {warn_run} consecutive steps (patience {self.warn_patience})"
+        elif warns:
+            action, why = Action.ALERT, "warning"
+        else:
+            return Decision(step, Action.CONTINUE)
+
+        codes = ", ".join(sorted({f.code for f in reasons}))
+        if self.monitor_only and action.rank > Action.ALERT.rank:
+            return Decision(
+                step,
+                Action.ALERT,
+                reasons,
+                intended=action,
+                message=f"monitor-only: would {action.value} ({why}: {codes})",
+            )
+        return Decision(step, action, reasons, message=f"{action.value}: {why} ({codes})")
+
+    def resolved(self, step: int | None) -> None:
+        """A repair was verified: the incident is over, so its steps stop counting toward halt."""
+        self._critical.reset()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"critical": self._critical.state_dict(), "warn": self._warn.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._critical.load_state_dict(state.get("critical", {}))
+        self._warn.load_state_dict(state.get("warn", {}))
+
+
+@dataclass
+class _StepRun:
+    """Length of the current run of consecutive observed steps on which a condition held."""
+
+    run: int = 0
+    last_step: int | None = None
+    last_hit: bool = False
+
+    def observe(self, step: int | None, hit: bool) -> int:
+        if step is not None and step == self.last_step:
+            if hit and not self.last_hit:  # a later stage of the same step found something
+                self.run += 1
+                self.last_hit = True
+            return self.run
+        self.run = self.run + 1 if hit else 0
+        self.last_step, self.last_hit = step, hit
+        return self.run
+
+    def reset(self) -> None:
+        self.run = 0
+        self.last_hit = False
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"run": self.run, "last_step": self.last_step, "last_hit": self.last_hit}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.run = int(state.get("run", 0))
+        self.last_step = state.get("last_step")
+        self.last_hit = bool(state.get("last_hit", False))
