@@ -37,6 +37,8 @@ class Alerter:
     """Send alerts to wandb when a run is active."""
     min_interval_s: float = 600.0
     """Per-title throttle, also passed to wandb as ``wait_duration``."""
+    log_alerts: bool = True
+    """Mirror every alert to the ``distill_guard`` logger (off only where output is a report)."""
     run: Any = None
     """A wandb Run; None means ``wandb.run`` at alert time."""
     on_error: Callable[[str, Exception], None] | None = None
@@ -52,7 +54,8 @@ class Alerter:
             raise ValueError(f"alert level must be one of {LEVELS}, got {level!r}")
         title = title[:MAX_TITLE]
         log_level = {"INFO": logging.INFO, "WARN": logging.WARNING, "ERROR": logging.ERROR}[level]
-        log.log(log_level, "%s: %s", title, text)
+        if self.log_alerts:
+            log.log(log_level, "%s: %s", title, text)
         if self.rank != 0 or not self.use_wandb:
             return False
         now = self.clock()

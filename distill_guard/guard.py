@@ -102,6 +102,9 @@ class DistillGuard:
         repair_attempts, repair_backoff_s: bounds of one repair.
         reducer: makes all ranks agree on each decision; None on a single process.
         rank: this process's rank (events and alerts are tagged with it).
+        on_finding: called with every finding, info included (metrics export, replay).
+        stop_on_halt: after a halt, answer every later hook with the same halt without
+            looking; False keeps observing (replay shows what the rest of a run would show).
     """
 
     def __init__(
@@ -119,6 +122,8 @@ class DistillGuard:
         repair_backoff_s: float = 1.0,
         reducer: Reducer | None = None,
         rank: int = 0,
+        on_finding: Callable[[Finding], None] | None = None,
+        stop_on_halt: bool = True,
     ) -> None:
         self.checks = list(default_checks() if checks is None else checks)
         self.policy = policy if policy is not None else Policy()
@@ -134,6 +139,8 @@ class DistillGuard:
         self.repair_backoff_s = repair_backoff_s
         self.reducer = reducer
         self.rank = rank
+        self.on_finding = on_finding
+        self.stop_on_halt = stop_on_halt
         self.summary = GuardSummary()
         if teacher is not None and self.run.vocab_size is None:
             self._learn_vocab_size(teacher)
@@ -260,11 +267,13 @@ class DistillGuard:
             ]
 
     def _conclude(self, stage: str, step: int, findings: list[Finding]) -> Decision:
-        if self.halted:
+        if self.halted and self.stop_on_halt:
             return Decision(step, Action.HALT, message=self.summary.halt["message"])
         for f in findings:
             self.summary.add_finding(f)
             self.events.write("finding", stage=stage, **f.to_dict())
+            if self.on_finding is not None:
+                self.on_finding(f)
         decision = self.policy.decide(step, findings)
         if self.reducer is not None:
             decision = self._reduce(decision)
@@ -274,7 +283,7 @@ class DistillGuard:
         if decision.action is not Action.CONTINUE:
             self.events.write("decision", stage=stage, **decision.to_dict())
             self._alert(decision)
-        if decision.action is Action.HALT:
+        if decision.action is Action.HALT and not self.halted:
             self.summary.halt = {
                 "step": step,
                 "stage": stage,
