@@ -81,98 +81,92 @@ class TeacherCollapseCheck(Check):
         self, x: torch.Tensor, scores: TeacherScores, run: RunSpec, *, topk: bool
     ) -> list[Finding]:
         kind = "top-k rows" if topk else "sampled-token logprobs"
-        step = scores.step
-        findings = []
-        bad = torch.isnan(x) | (x == math.inf)
-        if not topk:  # a sampled token cannot have probability zero under a sane teacher
-            bad |= x == -math.inf
+        x = x.detach()
         if scores.mask is not None:
-            m = scores.mask.to(device=x.device, dtype=torch.bool)
-            bad = bad & (m if bad.dim() == 1 else m.unsqueeze(-1))
-        n_bad = int(bad.sum())
-        if n_bad:
-            findings.append(
-                Finding(
-                    Code.TEACHER_NONFINITE,
-                    Severity.CRITICAL,
-                    f"{n_bad} of {bad.numel()} teacher {kind} are NaN or infinite (bound: 0). "
-                    "The loss built on them is meaningless. Check the teacher's weights "
-                    "(a rewake reloads them) and its dtype/attention backend.",
-                    step,
-                    {"nonfinite": n_bad, "count": bad.numel(), "input": kind},
-                )
-            )
-        stats = teacher_logprob_stats(x, run.vocab_size, atol=self.atol, mask=scores.mask)
-        values = {
+            x = x[scores.mask.to(device=x.device, dtype=torch.bool)]
+        if x.numel() == 0:
+            return []
+        findings = self._nonfinite(x, kind, scores.step, topk=topk)
+        # Top-k: a row is uniform iff its top-1 is −ln V, so only the N row maxima matter.
+        values = x.amax(dim=1) if topk else x
+        values = values[torch.isfinite(values)]
+        if values.numel() == 0:
+            return findings
+        stats = teacher_logprob_stats(values, run.vocab_size, atol=self.atol)
+        measured = {
             "input": kind,
-            "count": stats.count,
-            "mean": stats.mean,
+            "count": int(x.shape[0]),
+            "top1_mean" if topk else "mean": stats.mean,
             "spread": stats.spread,
-            "top1_mean": stats.top1_mean,
             "vocab_size": run.vocab_size,
         }
         if run.vocab_size is not None:
             target = uniform_logprob(run.vocab_size)
-            if topk:
-                rows = _rows(x, scores.mask)
-                top1 = rows.max(dim=1).values
-                frac = (
-                    float(((top1 - target).abs() <= self.atol).double().mean())
-                    if top1.numel()
-                    else 0.0
-                )
-                bound = self.min_row_fraction
-            else:
-                frac, bound = stats.uniform_fraction, self.min_token_fraction
+            bound = self.min_row_fraction if topk else self.min_token_fraction
+            frac = stats.uniform_fraction
             if frac >= bound:
+                what = "top-k rows have their top-1" if topk else "sampled-token logprobs sit"
                 findings.append(
                     Finding(
                         Code.TEACHER_UNIFORM,
                         Severity.CRITICAL,
-                        f"{frac:.1%} of teacher {kind} sit within {self.atol:g} of −ln V = "
+                        f"{frac:.1%} of teacher {what} within {self.atol:g} of −ln V = "
                         f"{target:.5f} (V={run.vocab_size}; bound {bound:.1%}); spread "
                         f"{stats.spread:.2e}. The teacher's distribution is uniform, as after a "
                         f"colocated SGLang wake without weights backup. {FIX}",
-                        step,
+                        scores.step,
                         {
-                            **values,
+                            **measured,
                             "uniform_fraction": frac,
                             "bound": bound,
                             "uniform_logprob": target,
                         },
                     )
                 )
-        elif (
-            topk
-            and stats.row_flat_fraction >= self.min_row_fraction
-            and stats.top1_mean < -math.log(x.shape[-1])
-        ):
-            guessed = infer_uniform_vocab_size(stats.top1_mean)
-            findings.append(
-                Finding(
-                    Code.TEACHER_UNIFORM,
-                    Severity.CRITICAL,
-                    f"{stats.row_flat_fraction:.1%} of teacher top-k rows are flat (all k values "
-                    f"within {self.atol:g}) at {stats.top1_mean:.5f} = −ln {guessed}: a uniform "
-                    f"teacher over a vocabulary of about {guessed}. Set vocab_size to make this "
-                    f"test exact. {FIX}",
-                    step,
-                    {
-                        **values,
-                        "row_flat_fraction": stats.row_flat_fraction,
-                        "inferred_vocab_size": guessed,
-                    },
+        elif topk and x.shape[1] > 1:
+            flat = (x.amax(dim=1) - x.amin(dim=1)) <= self.atol
+            flat_fraction = float(flat.double().mean())
+            if flat_fraction >= self.min_row_fraction and stats.mean < -math.log(x.shape[1]):
+                guessed = infer_uniform_vocab_size(stats.mean)
+                findings.append(
+                    Finding(
+                        Code.TEACHER_UNIFORM,
+                        Severity.CRITICAL,
+                        f"{flat_fraction:.1%} of teacher top-k rows are flat (all k values within "
+                        f"{self.atol:g}) at {stats.mean:.5f} = −ln {guessed}: a uniform teacher "
+                        f"over a vocabulary of about {guessed}. Set vocab_size to make this test "
+                        f"exact. {FIX}",
+                        scores.step,
+                        {
+                            **measured,
+                            "row_flat_fraction": flat_fraction,
+                            "inferred_vocab_size": guessed,
+                        },
+                    )
                 )
-            )
         return findings
 
-
-def _rows(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    if mask is not None:
-        x = x[mask.to(device=x.device, dtype=torch.bool)]
-    finite_rows = torch.isfinite(x).any(dim=1)
-    x = x[finite_rows]
-    return torch.where(torch.isfinite(x), x, torch.full_like(x, -math.inf)).double()
+    def _nonfinite(self, x: torch.Tensor, kind: str, step: int, *, topk: bool) -> list[Finding]:
+        # One cheap pass decides the common case: a sum is finite iff every term is.
+        if torch.isfinite(x.sum()):
+            return []
+        bad = torch.isnan(x) | (x == math.inf)
+        if not topk:  # a sampled token cannot have probability zero under a sane teacher
+            bad |= x == -math.inf
+        n_bad = int(bad.sum())
+        if not n_bad:  # only −inf inside top-k rows: masked vocabulary entries, allowed
+            return []
+        return [
+            Finding(
+                Code.TEACHER_NONFINITE,
+                Severity.CRITICAL,
+                f"{n_bad} of {bad.numel()} teacher {kind} values are NaN or infinite (bound: 0). "
+                "The loss built on them is meaningless. Check the teacher's weights (a rewake "
+                "reloads them) and its dtype/attention backend.",
+                step,
+                {"nonfinite": n_bad, "count": bad.numel(), "input": kind},
+            )
+        ]
 
 
 def _dedupe(findings: list[Finding]) -> list[Finding]:
