@@ -81,52 +81,47 @@ def teacher_logprob_stats(
     tokens (``[N]`` for either shape). Runs on the tensor's device; returns Python floats.
     """
     if logprobs.dim() not in (1, 2):
-        raise ValueError(
-            f"teacher logprobs must be [N] or [N, K], got shape {tuple(logprobs.shape)}"
-        )
+        raise ValueError(f"teacher logprobs must be [N] or [N, K], got shape {tuple(logprobs.shape)}")
     x = logprobs.detach()
     if mask is not None:
         mask = mask.to(device=x.device, dtype=torch.bool).reshape(-1)
         if mask.numel() != x.shape[0]:
             raise ValueError(f"mask has {mask.numel()} entries for {x.shape[0]} token positions")
         x = x[mask]
-    x = x.to(torch.float64)
-    rows = x if x.dim() == 2 else x.unsqueeze(1)
-    flat = rows.reshape(-1)
-    finite = torch.isfinite(flat)
-    count = flat.numel()
-    nonfinite = int(count - int(finite.sum()))
-    vals = flat[finite]
+    rows = (x if x.dim() == 2 else x.unsqueeze(1)).to(torch.float64)
+    # Masked reductions and a single host transfer: on a GPU this costs one sync, not ten.
+    finite = torch.isfinite(rows)
+    n_fin = finite.sum()
+    vals = torch.where(finite, rows, 0.0)
+    mean = vals.sum() / n_fin
+    var = torch.where(finite, (rows - mean) ** 2, 0.0).sum() / n_fin
+    hi = torch.where(finite, rows, -math.inf)
+    lo = torch.where(finite, rows, math.inf)
+    top1 = hi.amax(dim=1)
+    row_ok = torch.isfinite(top1) & finite.all(dim=1)
+    n_rows = row_ok.sum()
+    top1_mean = torch.where(row_ok, top1, 0.0).sum() / n_rows
+    flat = row_ok & ((top1 - lo.amin(dim=1)) <= atol)
+    target = uniform_logprob(vocab_size) if vocab_size is not None else 0.0
+    uniform = (finite & ((rows - target).abs() <= atol)).sum() / n_fin
+    (n_fin_, mean_, var_, min_, max_, uniform_, top1_mean_, flat_) = torch.stack(
+        [n_fin.double(), mean, var, lo.min(), hi.max(), uniform, top1_mean, flat.sum() / n_rows]
+    ).tolist()
+    count = rows.numel()
     nan = float("nan")
-    if vals.numel() == 0:
-        return TeacherLogprobStats(count, nonfinite, nan, nan, nan, nan, nan, nan, nan, nan)
-    mean = float(vals.mean())
-    spread = float(vals.std(unbiased=False)) if vals.numel() > 1 else 0.0
-    uniform_fraction = nan
-    if vocab_size is not None:
-        uniform_fraction = float(
-            ((vals - uniform_logprob(vocab_size)).abs() <= atol).double().mean()
-        )
-    finite_rows = torch.isfinite(rows).all(dim=1)
-    good = rows[finite_rows]
-    if good.shape[0]:
-        top1 = good.max(dim=1).values
-        top1_mean = float(top1.mean())
-        row_flat = (good.max(dim=1).values - good.min(dim=1).values) <= atol
-        row_flat_fraction = float(row_flat.double().mean()) if rows.shape[1] > 1 else nan
-    else:
-        top1_mean = row_flat_fraction = nan
+    if n_fin_ == 0:
+        return TeacherLogprobStats(count, count, nan, nan, nan, nan, nan, nan, nan, nan)
     return TeacherLogprobStats(
         count=count,
-        nonfinite=nonfinite,
-        mean=mean,
-        spread=spread,
-        min=float(vals.min()),
-        max=float(vals.max()),
-        uniform_fraction=uniform_fraction,
-        top1_mean=top1_mean,
-        entropy_lower_bound=-top1_mean,
-        row_flat_fraction=row_flat_fraction,
+        nonfinite=int(count - n_fin_),
+        mean=mean_,
+        spread=math.sqrt(max(var_, 0.0)) if n_fin_ > 1 else 0.0,
+        min=min_,
+        max=max_,
+        uniform_fraction=uniform_ if vocab_size is not None else nan,
+        top1_mean=top1_mean_,
+        entropy_lower_bound=-top1_mean_,
+        row_flat_fraction=flat_ if rows.shape[1] > 1 else nan,
     )
 
 
@@ -156,7 +151,9 @@ def entropy_from_logits(
         c = z[a:b].float()
         lse = torch.logsumexp(c, dim=-1)
         p = torch.softmax(c, dim=-1)
-        out[a:b] = lse - (p * c).sum(dim=-1)
+        # nansum: a -inf logit (masked token) has p = 0 and contributes 0, not 0 * -inf = NaN;
+        # a NaN logit still makes lse NaN, so real NaNs are not hidden.
+        out[a:b] = lse - (p * c).nansum(dim=-1)
     return out.reshape(logits.shape[:-1])
 
 
@@ -166,12 +163,13 @@ def jsd_from_logits(
     beta: float = 0.5,
     *,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    backend: str = "auto",
 ) -> torch.Tensor:
     """Per-row generalized JSD over the full vocabulary, m = (1−β)·student + β·teacher.
 
     Returns (1−β)·KL(student‖m) + β·KL(teacher‖m) per row in float32. At β = 0 or 1 this is 0
-    by construction (m equals one side); use a KL for those ends. Chunked like
-    :func:`entropy_from_logits`.
+    by construction (m equals one side); use a KL for those ends. Backends as in
+    :func:`entropy_from_logits` (the Triton kernel reads each input twice, once per pass).
     """
     if student_logits.shape != teacher_logits.shape:
         raise ValueError(
@@ -180,6 +178,10 @@ def jsd_from_logits(
         )
     if not 0.0 <= beta <= 1.0:
         raise ValueError(f"beta must lie in [0, 1], got {beta}")
+    if 0.0 < beta < 1.0 and _use_triton(student_logits, backend):
+        from distill_guard.triton_kernels import triton_jsd
+
+        return triton_jsd(student_logits, teacher_logits, beta)
     s_all = student_logits.reshape(-1, student_logits.shape[-1])
     t_all = teacher_logits.reshape(-1, teacher_logits.shape[-1])
     out = torch.empty(s_all.shape[0], dtype=torch.float32, device=s_all.device)
@@ -189,8 +191,8 @@ def jsd_from_logits(
         ls = torch.log_softmax(s_all[a:b].float(), dim=-1)
         lt = torch.log_softmax(t_all[a:b].float(), dim=-1)
         lm = torch.logaddexp(ls + log1mb, lt + logb)
-        kl_s = (ls.exp() * (ls - lm)).sum(dim=-1)
-        kl_t = (lt.exp() * (lt - lm)).sum(dim=-1)
+        kl_s = (ls.exp() * (ls - lm)).nansum(dim=-1)  # p = 0 terms are 0 (see above)
+        kl_t = (lt.exp() * (lt - lm)).nansum(dim=-1)
         out[a:b] = (1.0 - beta) * kl_s + beta * kl_t
     return out.reshape(student_logits.shape[:-1])
 

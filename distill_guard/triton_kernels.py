@@ -1,0 +1,129 @@
+"""Triton kernels for full-vocabulary signals on GPU: entropy in one read, JSD in two.
+
+Why: the chunked PyTorch path in :mod:`distill_guard.signals` writes several float32 copies of
+each chunk, so on a GPU it runs far below memory bandwidth. These kernels read bf16/fp16/fp32
+logits once per pass and keep everything else in registers, using the online (running-max)
+softmax so a 151936-wide row never needs to fit anywhere. Selected automatically for CUDA
+tensors by ``signals.entropy_from_logits`` / ``signals.jsd_from_logits`` when Triton is
+importable; tested on CPU through Triton's interpreter (``TRITON_INTERPRET=1``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK = 4096
+
+
+@triton.jit
+def _online_update(m, s, x):
+    """Running max ``m`` and rescaled sum ``s`` of exp, per lane; -inf lanes stay neutral."""
+    m_new = tl.maximum(m, x)
+    safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp(m - safe)
+    p = tl.exp(x - safe)
+    return m_new, s * alpha + p, alpha, p
+
+
+@triton.jit
+def _lane_combine(m, s):
+    """Reduce per-lane (max, sum) to the row's log-sum-exp."""
+    big = tl.max(m, axis=0)
+    safe = tl.where(big == float("-inf"), 0.0, big)
+    total = tl.sum(s * tl.exp(m - safe), axis=0)
+    return safe + tl.log(total)
+
+
+@triton.jit
+def _entropy_kernel(x_ptr, out_ptr, n_cols, stride_row, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    base = x_ptr + row * stride_row
+    m = tl.full([BLOCK], float("-inf"), tl.float32)
+    s = tl.zeros([BLOCK], tl.float32)
+    w = tl.zeros([BLOCK], tl.float32)  # running sum of p * x, rescaled like s
+    for start in range(0, n_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(base + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
+        m, s, alpha, p = _online_update(m, s, x)
+        w = w * alpha + tl.where(p > 0, p * x, 0.0)
+    big = tl.max(m, axis=0)
+    safe = tl.where(big == float("-inf"), 0.0, big)
+    scale = tl.exp(m - safe)
+    total = tl.sum(s * scale, axis=0)
+    weighted = tl.sum(w * scale, axis=0)
+    # H = log Z - E[x] with Z = sum exp(x): lse - weighted / total
+    tl.store(out_ptr + row, safe + tl.log(total) - weighted / total)
+
+
+@triton.jit
+def _jsd_kernel(
+    s_ptr, t_ptr, out_ptr, n_cols, stride_s, stride_t, beta, log_1mb, log_b, BLOCK: tl.constexpr
+):
+    row = tl.program_id(0).to(tl.int64)
+    s_base = s_ptr + row * stride_s
+    t_base = t_ptr + row * stride_t
+    ms = tl.full([BLOCK], float("-inf"), tl.float32)
+    mt = tl.full([BLOCK], float("-inf"), tl.float32)
+    ss = tl.zeros([BLOCK], tl.float32)
+    st = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, n_cols, BLOCK):  # pass 1: both log-normalisers
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        a = tl.load(s_base + cols, mask=mask, other=float("-inf")).to(tl.float32)
+        b = tl.load(t_base + cols, mask=mask, other=float("-inf")).to(tl.float32)
+        ms, ss, _a1, _p1 = _online_update(ms, ss, a)
+        mt, st, _a2, _p2 = _online_update(mt, st, b)
+    lse_s = _lane_combine(ms, ss)
+    lse_t = _lane_combine(mt, st)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, n_cols, BLOCK):  # pass 2: the divergence (row is hot in L2)
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        ls = tl.load(s_base + cols, mask=mask, other=float("-inf")).to(tl.float32) - lse_s
+        lt = tl.load(t_base + cols, mask=mask, other=float("-inf")).to(tl.float32) - lse_t
+        x1 = ls + log_1mb
+        x2 = lt + log_b
+        hi = tl.maximum(x1, x2)
+        safe = tl.where(hi == float("-inf"), 0.0, hi)
+        lm = safe + tl.log(tl.exp(x1 - safe) + tl.exp(x2 - safe))
+        ps = tl.exp(ls)
+        pt = tl.exp(lt)
+        term = (1.0 - beta) * tl.where(ps > 0, ps * (ls - lm), 0.0) + beta * tl.where(
+            pt > 0, pt * (lt - lm), 0.0
+        )
+        acc += term
+    tl.store(out_ptr + row, tl.sum(acc, axis=0))
+
+
+def _as_rows(x: torch.Tensor) -> torch.Tensor:
+    x = x.reshape(-1, x.shape[-1])
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def triton_entropy(logits: torch.Tensor, *, block: int = BLOCK) -> torch.Tensor:
+    """Per-row entropy of ``[..., V]`` logits in float32, one read of the input."""
+    rows = _as_rows(logits)
+    out = torch.empty(rows.shape[0], dtype=torch.float32, device=rows.device)
+    if rows.shape[0]:
+        _entropy_kernel[(rows.shape[0],)](rows, out, rows.shape[1], rows.stride(0), BLOCK=block, num_warps=8)
+    return out.reshape(logits.shape[:-1])
+
+
+def triton_jsd(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, beta: float, *, block: int = BLOCK
+) -> torch.Tensor:
+    """Per-row generalized JSD (teacher weight β) in float32; 0 < β < 1."""
+    if not 0.0 < beta < 1.0:
+        raise ValueError(f"triton_jsd needs 0 < beta < 1, got {beta}")
+    s, t = _as_rows(student_logits), _as_rows(teacher_logits)
+    out = torch.empty(s.shape[0], dtype=torch.float32, device=s.device)
+    if s.shape[0]:
+        _jsd_kernel[(s.shape[0],)](
+            s, t, out, s.shape[1], s.stride(0), t.stride(0),
+            beta, math.log1p(-beta), math.log(beta), BLOCK=block, num_warps=8,
+        )
+    return out.reshape(student_logits.shape[:-1])
