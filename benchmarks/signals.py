@@ -48,11 +48,15 @@ def bench_teacher_check() -> dict:
     uniform = torch.full((N_TOKENS, TOP_K), -math.log(V))
     step = iter(range(10**9))
     out = {
-        "check_healthy_ms": median_ms(lambda: guard.on_teacher_scores(next(step), topk_logprobs=healthy), 21),
+        "check_healthy_ms": median_ms(
+            lambda: guard.on_teacher_scores(next(step), topk_logprobs=healthy), 21
+        ),
         "one_pass_sum_ms": median_ms(lambda: healthy.sum(), 21),
     }
     guard.alerter.log_alerts = False
-    out["check_uniform_ms"] = median_ms(lambda: guard.on_teacher_scores(next(step), topk_logprobs=uniform), 5)
+    out["check_uniform_ms"] = median_ms(
+        lambda: guard.on_teacher_scores(next(step), topk_logprobs=uniform), 5
+    )
     assert guard.summary.count.get("teacher.uniform"), "the uniform batch was not flagged"
     return out
 
@@ -77,7 +81,11 @@ def _child(method: str) -> None:
     h = fn(logits)
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     ms = median_ms(lambda: fn(logits), repeat=3, warmup=0)
-    print(json.dumps({"ms": ms, "extra_mb": (peak_kb - before_kb) / 1024, "mean_entropy": float(h.mean())}))
+    print(
+        json.dumps(
+            {"ms": ms, "extra_mb": (peak_kb - before_kb) / 1024, "mean_entropy": float(h.mean())}
+        )
+    )
 
 
 def run_child(method: str) -> dict:
@@ -89,19 +97,27 @@ def run_child(method: str) -> dict:
 
 def main() -> None:
     torch.set_num_threads(2)
-    print(f"# distill_guard signal benchmarks  torch {torch.__version__}  {platform.processor() or platform.machine()}  "
-          f"threads {torch.get_num_threads()}")
+    print(
+        f"# distill_guard signal benchmarks  torch {torch.__version__}  {platform.processor() or platform.machine()}  "
+        f"threads {torch.get_num_threads()}"
+    )
     tc = bench_teacher_check()
-    print(f"teacher check, {N_TOKENS} tokens x top-{TOP_K}: healthy {tc['check_healthy_ms']:.2f} ms, "
-          f"uniform {tc['check_uniform_ms']:.2f} ms (target <= 20 ms); one x.sum() pass "
-          f"{tc['one_pass_sum_ms']:.2f} ms -> check = {tc['check_healthy_ms'] / tc['one_pass_sum_ms']:.1f}x one pass")
+    print(
+        f"teacher check, {N_TOKENS} tokens x top-{TOP_K}: healthy {tc['check_healthy_ms']:.2f} ms, "
+        f"uniform {tc['check_uniform_ms']:.2f} ms (target <= 20 ms); one x.sum() pass "
+        f"{tc['one_pass_sum_ms']:.2f} ms -> check = {tc['check_healthy_ms'] / tc['one_pass_sum_ms']:.1f}x one pass"
+    )
     base, chunk = run_child("baseline"), run_child("chunked")
     assert abs(base["mean_entropy"] - chunk["mean_entropy"]) < 1e-3, (base, chunk)
-    print(f"entropy [{ENT_ROWS}, {V}] float32: log_softmax baseline {base['ms']:.0f} ms, "
-          f"peak extra {base['extra_mb']:.0f} MB; chunked {chunk['ms']:.0f} ms, peak extra "
-          f"{chunk['extra_mb']:.0f} MB")
-    print(f"  speed chunked/baseline = {base['ms'] / chunk['ms']:.2f}x (target >= 1.0x); "
-          f"memory chunked/baseline = {chunk['extra_mb'] / base['extra_mb']:.3f} (target <= 0.125)")
+    print(
+        f"entropy [{ENT_ROWS}, {V}] float32: log_softmax baseline {base['ms']:.0f} ms, "
+        f"peak extra {base['extra_mb']:.0f} MB; chunked {chunk['ms']:.0f} ms, peak extra "
+        f"{chunk['extra_mb']:.0f} MB"
+    )
+    print(
+        f"  speed chunked/baseline = {base['ms'] / chunk['ms']:.2f}x (target >= 1.0x); "
+        f"memory chunked/baseline = {chunk['extra_mb'] / base['extra_mb']:.3f} (target <= 0.125)"
+    )
 
 
 if __name__ == "__main__":

@@ -81,7 +81,9 @@ def teacher_logprob_stats(
     tokens (``[N]`` for either shape). Runs on the tensor's device; returns Python floats.
     """
     if logprobs.dim() not in (1, 2):
-        raise ValueError(f"teacher logprobs must be [N] or [N, K], got shape {tuple(logprobs.shape)}")
+        raise ValueError(
+            f"teacher logprobs must be [N] or [N, K], got shape {tuple(logprobs.shape)}"
+        )
     x = logprobs.detach()
     if mask is not None:
         mask = mask.to(device=x.device, dtype=torch.bool).reshape(-1)
@@ -137,14 +139,33 @@ def _row_chunks(n: int, chunk_rows: int):
         yield start, min(start + chunk_rows, n)
 
 
-def entropy_from_logits(
-    logits: torch.Tensor, *, chunk_rows: int = DEFAULT_CHUNK_ROWS
-) -> torch.Tensor:
-    """Full-vocabulary entropy per row of ``[..., V]`` logits, in float32, chunked over rows.
+def _use_triton(x: torch.Tensor, backend: str) -> bool:
+    if backend not in ("auto", "torch", "triton"):
+        raise ValueError(f"backend must be auto, torch or triton, got {backend!r}")
+    if backend == "torch" or (backend == "auto" and not x.is_cuda):
+        return False
+    try:
+        import distill_guard.triton_kernels  # noqa: F401
+    except ImportError:
+        if backend == "triton":
+            raise
+        return False
+    return True
 
-    H = logsumexp(z) − Σ softmax(z)·z. The extra memory is a few ``[chunk_rows, V]`` float32
-    blocks regardless of N, so it can run on a 16k × 152k bf16 batch without a float32 copy.
+
+def entropy_from_logits(
+    logits: torch.Tensor, *, chunk_rows: int = DEFAULT_CHUNK_ROWS, backend: str = "auto"
+) -> torch.Tensor:
+    """Full-vocabulary entropy per row of ``[..., V]`` logits, in float32.
+
+    H = logsumexp(z) − Σ softmax(z)·z. On CUDA with Triton (``backend="auto"``) a kernel reads
+    the logits once; otherwise rows are processed in chunks, so the extra memory is a few
+    ``[chunk_rows, V]`` float32 blocks regardless of N, never an ``[N, V]`` float32 copy.
     """
+    if _use_triton(logits, backend):
+        from distill_guard.triton_kernels import triton_entropy
+
+        return triton_entropy(logits)
     z = logits.reshape(-1, logits.shape[-1])
     out = torch.empty(z.shape[0], dtype=torch.float32, device=z.device)
     for a, b in _row_chunks(z.shape[0], chunk_rows):

@@ -109,7 +109,9 @@ def triton_entropy(logits: torch.Tensor, *, block: int = BLOCK) -> torch.Tensor:
     rows = _as_rows(logits)
     out = torch.empty(rows.shape[0], dtype=torch.float32, device=rows.device)
     if rows.shape[0]:
-        _entropy_kernel[(rows.shape[0],)](rows, out, rows.shape[1], rows.stride(0), BLOCK=block, num_warps=8)
+        _entropy_kernel[(rows.shape[0],)](
+            rows, out, rows.shape[1], rows.stride(0), BLOCK=block, num_warps=8
+        )
     return out.reshape(logits.shape[:-1])
 
 
@@ -123,7 +125,16 @@ def triton_jsd(
     out = torch.empty(s.shape[0], dtype=torch.float32, device=s.device)
     if s.shape[0]:
         _jsd_kernel[(s.shape[0],)](
-            s, t, out, s.shape[1], s.stride(0), t.stride(0),
-            beta, math.log1p(-beta), math.log(beta), BLOCK=block, num_warps=8,
+            s,
+            t,
+            out,
+            s.shape[1],
+            s.stride(0),
+            t.stride(0),
+            beta,
+            math.log1p(-beta),
+            math.log(beta),
+            BLOCK=block,
+            num_warps=8,
         )
     return out.reshape(student_logits.shape[:-1])
