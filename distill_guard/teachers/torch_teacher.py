@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -304,10 +304,7 @@ class TorchTeacher(TrackedTeacher):
 def _load_safetensors_dir(path: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
-    if path.is_file():
-        files = [path]
-    else:
-        files = sorted(path.glob("*.safetensors"))
+    files = [path] if path.is_file() else sorted(path.glob("*.safetensors"))
     if not files:
         raise TeacherError(f"no *.safetensors checkpoint at {path}")
     state: dict[str, torch.Tensor] = {}
