@@ -81,7 +81,9 @@ def teacher_logprob_stats(
     tokens (``[N]`` for either shape). Runs on the tensor's device; returns Python floats.
     """
     if logprobs.dim() not in (1, 2):
-        raise ValueError(f"teacher logprobs must be [N] or [N, K], got shape {tuple(logprobs.shape)}")
+        raise ValueError(
+            f"teacher logprobs must be [N] or [N, K], got shape {tuple(logprobs.shape)}"
+        )
     x = logprobs.detach()
     if mask is not None:
         mask = mask.to(device=x.device, dtype=torch.bool).reshape(-1)
@@ -102,7 +104,9 @@ def teacher_logprob_stats(
     spread = float(vals.std(unbiased=False)) if vals.numel() > 1 else 0.0
     uniform_fraction = nan
     if vocab_size is not None:
-        uniform_fraction = float(((vals - uniform_logprob(vocab_size)).abs() <= atol).double().mean())
+        uniform_fraction = float(
+            ((vals - uniform_logprob(vocab_size)).abs() <= atol).double().mean()
+        )
     finite_rows = torch.isfinite(rows).all(dim=1)
     good = rows[finite_rows]
     if good.shape[0]:
@@ -138,7 +142,9 @@ def _row_chunks(n: int, chunk_rows: int):
         yield start, min(start + chunk_rows, n)
 
 
-def entropy_from_logits(logits: torch.Tensor, *, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> torch.Tensor:
+def entropy_from_logits(
+    logits: torch.Tensor, *, chunk_rows: int = DEFAULT_CHUNK_ROWS
+) -> torch.Tensor:
     """Full-vocabulary entropy per row of ``[..., V]`` logits, in float32, chunked over rows.
 
     H = logsumexp(z) − Σ softmax(z)·z. The extra memory is a few ``[chunk_rows, V]`` float32

@@ -364,6 +364,9 @@ class ServerThread:
 
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # accepted sockets inherit TCP_NODELAY: without it every small answer waits ~40 ms for
+        # a delayed ACK (Nagle), which would swamp every latency this server is used to measure
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock.bind((host, port))
         self.port = self._sock.getsockname()[1]
         self.url = f"http://{host}:{self.port}"
@@ -404,6 +407,6 @@ def serve_in_thread(server: ReferenceServer) -> Iterator[str]:
 
 def serve(server: ReferenceServer, *, host: str = "127.0.0.1", port: int = 30000) -> None:
     """Serve in the foreground until interrupted (``distill-guard serve-reference``)."""
-    import uvicorn
-
-    uvicorn.run(create_app(server), host=host, port=port, log_level="info")
+    thread = ServerThread(create_app(server), host=host, port=port)
+    thread._server.config.log_level = "info"
+    thread._server.run(sockets=[thread._sock])
