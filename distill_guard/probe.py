@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -140,10 +141,8 @@ def _one_cycle(
         teacher.resume(tags)
     except TeacherError as e:
         if teacher.asleep:  # never leave it asleep: one more try to wake it
-            try:
+            with contextlib.suppress(TeacherError):
                 teacher.resume()
-            except TeacherError:
-                pass
         return CycleReport(
             i, time.perf_counter() - t0, 0.0, None, None, False, True,
             [teacher_error_finding(e, i, during="sleep/wake")],
