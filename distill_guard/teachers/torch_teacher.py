@@ -127,7 +127,7 @@ class TorchTeacher(TrackedTeacher):
         super().__init__()
         if fault not in ("zeros", "garbage"):
             raise ValueError(f"fault must be 'zeros' or 'garbage', got {fault!r}")
-        self.model = model.eval()
+        self.model = model.eval().requires_grad_(False)
         self.model_path = str(model_path) if model_path is not None else None
         self.enable_memory_saver = enable_memory_saver
         self.enable_cpu_backup = enable_cpu_backup
