@@ -107,7 +107,7 @@ def test_sleep_wake_reload_flush_through_the_engine(engine) -> None:
     assert [c[0] for c in engine.calls if c[0] != "generate"] == [
         "release", "resume", "update_weights_from_disk", "flush_cache"]  # fmt: skip
     assert engine.calls[1] == ("release", ["weights", "kv_cache"])
-    assert engine.calls[3] == ("resume", ["weights", "kv_cache"])
+    assert engine.calls[2] == ("resume", ["weights", "kv_cache"])
 
 
 def test_engine_failures_become_teacher_errors(engine) -> None:
