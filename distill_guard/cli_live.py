@@ -101,6 +101,12 @@ def add_live_commands(subparsers: Any) -> None:
         default=None,
         help="environment variable holding an API key to require (Authorization: Bearer)",
     )
+    p.add_argument(
+        "--torch-threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads (1 is fastest for tiny models on a busy CPU)",
+    )
     p.set_defaults(func=cmd_serve_reference)
 
 
@@ -208,6 +214,10 @@ def cmd_serve_reference(args: argparse.Namespace) -> int:
     from distill_guard.teachers.tiny import build_tiny_qwen3
     from distill_guard.teachers.torch_teacher import TorchTeacher
 
+    if args.torch_threads:
+        import torch
+
+        torch.set_num_threads(args.torch_threads)
     model = Path(args.model)
     if args.build_tiny and not (model / "config.json").exists():
         build_tiny_qwen3(model, vocab_size=args.build_tiny)
