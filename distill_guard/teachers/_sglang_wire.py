@@ -32,9 +32,12 @@ def score_request(
     return body
 
 
-def _value(entry: Any, where: str) -> float:
+def _value(entry: Any, item: int, pos: int) -> float:
     if not isinstance(entry, (list, tuple)) or len(entry) < 2:
-        raise TeacherError(f"{where}: expected a (logprob, id, text) entry, got {entry!r}")
+        raise TeacherError(
+            f"/generate item {item} position {pos}: expected a (logprob, id, text) entry, "
+            f"got {entry!r}"
+        )
     v = entry[0]
     # SGLang serializes with orjson, which writes NaN and ±inf as null: null past entry 0 is NaN.
     return float("nan") if v is None else float(v)
@@ -66,7 +69,7 @@ def parse_score_response(
             )
         token_lps.append(
             torch.tensor(
-                [_value(e, f"item {i} position {j}") for j, e in enumerate(entries[1:], 1)],
+                [_value(e, i, j) for j, e in enumerate(entries[1:], 1)],
                 dtype=torch.float32,
             )
         )
@@ -77,20 +80,19 @@ def parse_score_response(
                     f"/generate item {i}: input_top_logprobs missing or of the wrong length "
                     f"(expected {expected} rows)"
                 )
-            vals = torch.full((expected - 1, top_k), float("nan"), dtype=torch.float32)
-            ids = torch.full((expected - 1, top_k), -1, dtype=torch.int64)
-            for j, row in enumerate(rows[1:]):
+            vals: list[list[float]] = []
+            ids: list[list[int]] = []
+            for j, row in enumerate(rows[1:], 1):
                 if not row or len(row) != top_k:
                     raise TeacherError(
-                        f"/generate item {i} position {j + 1}: {len(row or [])} top logprobs, "
+                        f"/generate item {i} position {j}: {len(row or [])} top logprobs, "
                         f"asked for {top_k}"
                     )
-                for k, e in enumerate(row):
-                    vals[j, k] = _value(e, f"item {i} position {j + 1} top {k}")
-                    ids[j, k] = int(e[1])
+                vals.append([_value(e, i, j) for e in row])
+                ids.append([int(e[1]) for e in row])
             assert topk_lps is not None and topk_ids is not None
-            topk_lps.append(vals)
-            topk_ids.append(ids)
+            topk_lps.append(torch.tensor(vals, dtype=torch.float32).reshape(expected - 1, top_k))
+            topk_ids.append(torch.tensor(ids, dtype=torch.int64).reshape(expected - 1, top_k))
     return ScoreResult(token_lps, topk_lps, topk_ids)
 
 
