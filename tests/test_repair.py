@@ -154,3 +154,21 @@ def test_a_failed_repair_is_always_reported() -> None:
     failed = RepairOutcome(False, 3, [object()], 4.0)  # type: ignore[list-item]
     assert tracker.on_repair(failed, step=2) is failed.findings[0]
     assert tracker.current.failures == 1
+
+
+def test_a_teacher_that_loses_weights_at_every_wake_is_repaired_each_time_and_alerted_once(
+    tiny_dir,
+) -> None:
+    t = TorchTeacher.from_pretrained(tiny_dir)
+    canary, tracker, alerts = CanaryCheck(deterministic=True), IncidentTracker(), []
+    for step in range(4):
+        canary.fingerprint(t, step)  # before_sleep
+        t.release()
+        t.resume()
+        cause = canary.verify(t, step)  # after_wake
+        assert [f.code for f in cause] == [Code.TEACHER_UNIFORM]
+        outcome = repair_teacher(t, canary, step=step)
+        assert outcome.ok and canary.verify(t, step) == []
+        alerts.append(tracker.on_repair(outcome, step=step, cause=cause))
+    assert [a is not None for a in alerts] == [True, False, False, False]
+    assert "teacher.uniform" in alerts[0].message and tracker.current.repairs == 4

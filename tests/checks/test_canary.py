@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,7 +13,8 @@ import torch
 
 from distill_guard.checks.canary import CanaryCheck, teacher_error_finding
 from distill_guard.findings import Code, Severity
-from distill_guard.teachers import ScoreResult, TeacherUnreachable, TorchTeacher
+from distill_guard.teachers import ScoreResult, SGLangHTTPTeacher, TeacherUnreachable, TorchTeacher
+from distill_guard.teachers.testing import reference_teacher
 from distill_guard.teachers.tiny import build_tiny_qwen3
 
 # Tiny models on 2 busy cores: thread wake-ups cost more than the math (~20 ms per linear).
@@ -52,7 +54,7 @@ class FakeTeacher:
         return self._vocab
 
 
-def cycle(t: TorchTeacher) -> None:
+def cycle(t: Any) -> None:
     t.release()
     t.resume()
 
@@ -78,15 +80,21 @@ def test_catches_both_fault_modes_after_one_wake(tiny_dir, fault, code) -> None:
         assert f.values["mean_abs_delta"] > 0.1 and "bounds mean 0.1, max 1" in f.message
 
 
-def test_five_clean_cycles_with_backup_pass(tiny_dir) -> None:
-    t = TorchTeacher.from_pretrained(tiny_dir, enable_cpu_backup=True)
-    canary = CanaryCheck(deterministic=True)  # CPU is bit-exact: hold it to exactness
-    for step in range(5):
-        canary.fingerprint(t, step)
-        cycle(t)
-        assert canary.verify(t, step) == []
-        assert canary.last_comparison.max_abs_delta == 0.0
-        assert canary.last_comparison.top1_logprob > -3.0
+@pytest.mark.parametrize("over_http", [False, True])
+def test_five_clean_cycles_with_backup_pass(tiny_dir, over_http) -> None:
+    with contextlib.ExitStack() as stack:
+        if over_http:
+            url, _ = stack.enter_context(reference_teacher(tiny_dir, enable_cpu_backup=True))
+            t = stack.enter_context(SGLangHTTPTeacher(url))
+        else:
+            t = TorchTeacher.from_pretrained(tiny_dir, enable_cpu_backup=True)
+        canary = CanaryCheck(deterministic=True)  # CPU is bit-exact: hold it to exactness
+        for step in range(5):
+            canary.fingerprint(t, step)
+            cycle(t)
+            assert canary.verify(t, step) == []
+            assert canary.last_comparison.max_abs_delta == 0.0
+            assert canary.last_comparison.top1_logprob > -3.0
 
 
 def test_healthy_teacher_with_repeated_token_logprobs_is_not_uniform(tiny_dir) -> None:

@@ -141,6 +141,14 @@ def test_qwen3_vocabulary_gives_the_real_uniform_value(qwen_vocab_dir) -> None:
     assert float((res.topk_logprobs[0] - (-11.931215)).abs().max()) < 1e-4
 
 
+def test_every_teacher_satisfies_the_protocol(tiny_dir) -> None:
+    from distill_guard.teachers import SGLangEngineTeacher, SGLangHTTPTeacher, Teacher
+
+    assert isinstance(TorchTeacher.from_pretrained(tiny_dir), Teacher)
+    assert isinstance(SGLangEngineTeacher(object(), vocab_size=8), Teacher)
+    assert isinstance(SGLangHTTPTeacher("http://127.0.0.1:1", vocab_size=8), Teacher)
+
+
 def test_server_info_uses_sglang_names(tiny_dir) -> None:
     info = TorchTeacher.from_pretrained(tiny_dir, enable_cpu_backup=True).server_info()
     assert info["model_path"] == str(tiny_dir)
