@@ -359,7 +359,9 @@ def create_app(server: "ReferenceServer") -> "FastAPI":
 class ServerThread:
     """A uvicorn server on 127.0.0.1 in a background thread, for tests and benchmarks."""
 
-    def __init__(self, app: "FastAPI", *, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self, app: "FastAPI", *, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"
+    ) -> None:
         import uvicorn
 
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -370,7 +372,7 @@ class ServerThread:
         self._sock.bind((host, port))
         self.port = self._sock.getsockname()[1]
         self.url = f"http://{host}:{self.port}"
-        config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False)
+        config = uvicorn.Config(app, log_level=log_level, lifespan="off", access_log=False)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
@@ -384,6 +386,10 @@ class ServerThread:
                 raise RuntimeError(f"reference server did not start on {self.url}")
             time.sleep(0.01)
         return self
+
+    def run_forever(self) -> None:
+        """Serve in the calling thread until interrupted."""
+        self._server.run(sockets=[self._sock])
 
     def stop(self) -> None:
         self._server.should_exit = True
@@ -407,6 +413,5 @@ def serve_in_thread(server: ReferenceServer) -> Iterator[str]:
 
 def serve(server: ReferenceServer, *, host: str = "127.0.0.1", port: int = 30000) -> None:
     """Serve in the foreground until interrupted (``distill-guard serve-reference``)."""
-    thread = ServerThread(create_app(server), host=host, port=port)
-    thread._server.config.log_level = "info"
-    thread._server.run(sockets=[thread._sock])
+    thread = ServerThread(create_app(server), host=host, port=port, log_level="info")
+    thread.run_forever()
