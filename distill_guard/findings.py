@@ -55,6 +55,7 @@ class Code:
     CONFIG_NO_WEIGHTS_BACKUP = "config.no_weights_backup"
     CONFIG_BACKUP_DISABLED_BY_CACHE_MODE = "config.backup_disabled_by_cache_mode"
     CONFIG_NONDETERMINISTIC = "config.nondeterministic"
+    CONFIG_UNCHECKED = "config.unchecked"
     GUARD_INTERNAL_ERROR = "guard.internal_error"
     ALERT_FAILED = "guard.alert_failed"
 

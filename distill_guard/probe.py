@@ -1,0 +1,188 @@
+"""Probe a live teacher: preflight, then sleep/wake cycles with the canary, repairing what a cycle broke."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from distill_guard.checks.canary import CanaryCheck, teacher_error_finding
+from distill_guard.findings import Finding, Severity
+from distill_guard.preflight import preflight_teacher
+from distill_guard.repair import EventSink, repair_teacher
+from distill_guard.teachers.base import Teacher, TeacherError
+
+
+@dataclass
+class CycleReport:
+    """One release → resume → canary cycle."""
+
+    cycle: int
+    sleep_wake_s: float
+    """Release plus resume, wall time."""
+    canary_s: float
+    """The canary's one scoring call after the wake."""
+    max_abs_delta: float | None
+    """Largest |Δ logprob| against the fingerprint taken just before this cycle's release."""
+    top1_logprob: float | None
+    """Mean top-1 logprob of the canary after the wake (−ln V when uniform)."""
+    uniform: bool
+    lost_weights: bool
+    """The canary failed after this wake."""
+    findings: list[Finding] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cycle": self.cycle,
+            "sleep_wake_s": self.sleep_wake_s,
+            "canary_s": self.canary_s,
+            "max_abs_delta": _num(self.max_abs_delta),
+            "top1_logprob": _num(self.top1_logprob),
+            "uniform": self.uniform,
+            "lost_weights": self.lost_weights,
+            "findings": [f.to_dict() for f in self.findings],
+        }
+
+
+def _num(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else x
+
+
+@dataclass
+class ProbeReport:
+    """What a probe found; ``to_json()`` is the ``--json`` output."""
+
+    ok: bool = True
+    """No critical finding (preflight included) and no cycle lost the weights."""
+    repaired: bool = False
+    """A cycle lost the weights and the probe repaired and verified the teacher before returning."""
+    findings: list[Finding] = field(default_factory=list)
+    """Preflight findings, then canary and repair findings in the order they happened."""
+    cycles: list[CycleReport] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        """0 healthy; 1 weights lost or a critical configuration (even if the probe repaired it)."""
+        return 0 if self.ok else 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "repaired": self.repaired,
+            "findings": [f.to_dict() for f in self.findings],
+            "cycles": [c.to_dict() for c in self.cycles],
+        }
+
+
+def run_probe(
+    teacher: Teacher,
+    cycles: int = 3,
+    tags: Sequence[str] | None = None,
+    canary: CanaryCheck | None = None,
+    *,
+    preflight: bool = True,
+    repair: bool = True,
+    max_repair_attempts: int = 3,
+    on_event: EventSink | None = None,
+    on_cycle: Callable[[CycleReport], None] | None = None,
+) -> ProbeReport:
+    """Preflight, then up to ``cycles`` release/resume cycles each checked by the canary.
+
+    The first cycle that loses the weights ends the cycling: with ``repair`` the teacher is
+    rewoken (resume, reload, flush, verify) before returning, so a probe never leaves a teacher
+    worse than it found it. A teacher that is already broken before the first sleep is reported
+    and not cycled. Teacher failures raise :class:`TeacherError` only before the first release;
+    after it they become findings, and the probe still tries to wake the teacher.
+    """
+    if cycles < 0:
+        raise ValueError(f"cycles must be >= 0, got {cycles}")
+    canary = canary or CanaryCheck()
+    report = ProbeReport()
+    if preflight:
+        report.findings += preflight_teacher(teacher)
+    baseline = canary.measure(teacher)  # raises TeacherError: nothing has been touched yet
+    broken = canary.judge(baseline)
+    if broken:
+        report.findings += broken
+        report.ok = False
+        return report
+    for i in range(1, cycles + 1):
+        cycle = _one_cycle(teacher, canary, i, tags)
+        report.cycles.append(cycle)
+        report.findings += cycle.findings
+        if on_cycle is not None:
+            on_cycle(cycle)
+        if not cycle.lost_weights:
+            continue
+        if repair:
+            outcome = repair_teacher(
+                teacher, canary, max_attempts=max_repair_attempts, backoff_s=0.5, on_event=on_event
+            )
+            report.findings += outcome.findings
+            report.repaired = outcome.ok
+        break
+    if any(c.lost_weights for c in report.cycles) or any(
+        f.severity >= Severity.CRITICAL for f in report.findings
+    ):
+        report.ok = False
+    return report
+
+
+def _one_cycle(
+    teacher: Teacher, canary: CanaryCheck, i: int, tags: Sequence[str] | None
+) -> CycleReport:
+    canary.fingerprint(teacher, step=i)
+    t0 = time.perf_counter()
+    try:
+        teacher.release(tags)
+        teacher.resume(tags)
+    except TeacherError as e:
+        if teacher.asleep:  # never leave it asleep: one more try to wake it
+            with contextlib.suppress(TeacherError):
+                teacher.resume()
+        return CycleReport(
+            i, time.perf_counter() - t0, 0.0, None, None, False, True,
+            [teacher_error_finding(e, i, during="sleep/wake")],
+        )  # fmt: skip
+    sleep_wake = time.perf_counter() - t0
+    try:
+        findings = canary.verify(teacher, step=i)
+    except TeacherError as e:
+        return CycleReport(
+            i, sleep_wake, 0.0, None, None, False, True,
+            [teacher_error_finding(e, i, during="canary after wake")],
+        )  # fmt: skip
+    cmp = canary.last_comparison
+    assert cmp is not None
+    return CycleReport(
+        cycle=i,
+        sleep_wake_s=sleep_wake,
+        canary_s=cmp.seconds,
+        max_abs_delta=cmp.max_abs_delta,
+        top1_logprob=cmp.top1_logprob,
+        uniform=cmp.uniform,
+        lost_weights=bool(findings),
+        findings=findings,
+    )
+
+
+def format_table(report: ProbeReport) -> str:
+    """The per-cycle table ``distill-guard probe`` prints."""
+    head = f"{'cycle':>5}  {'sleep+wake s':>12}  {'canary s':>8}  {'max |Δ logprob|':>15}  {'top-1 logprob':>13}  {'uniform':>7}  result"
+    lines = [head, "-" * len(head)]
+    for c in report.cycles:
+        delta = "n/a" if c.max_abs_delta is None else f"{c.max_abs_delta:.3g}"
+        top1 = (
+            "n/a"
+            if c.top1_logprob is None or not math.isfinite(c.top1_logprob)
+            else f"{c.top1_logprob:.4f}"
+        )
+        result = "ok" if not c.lost_weights else ", ".join(sorted({f.code for f in c.findings}))
+        lines.append(
+            f"{c.cycle:>5}  {c.sleep_wake_s:>12.3f}  {c.canary_s:>8.3f}  {delta:>15}  {top1:>13}  "
+            f"{'yes' if c.uniform else 'no':>7}  {result}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,144 @@
+"""SGLang's native ``/generate`` scoring shapes, both ways: build requests, read and write responses.
+
+One module so the HTTP client, the ``sglang.Engine`` adapter and the reference server agree to the
+field (see ``reference/sglang-contract.md`` §1): entry 0 of ``input_token_logprobs`` is
+``[null, id, null]`` and ``input_top_logprobs[0]`` is ``null``.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from distill_guard.teachers.base import ScoreResult, TeacherError
+
+
+def score_request(
+    sequences: Sequence[Sequence[int]], top_k: int, logprob_start_len: int
+) -> dict[str, Any]:
+    """A batched prefill-only scoring request (``max_new_tokens: 0``), as slime and Relax send it."""
+    body: dict[str, Any] = {
+        "input_ids": [list(map(int, s)) for s in sequences],
+        "sampling_params": {"temperature": 0, "max_new_tokens": 0, "skip_special_tokens": False},
+        "return_logprob": True,
+        "logprob_start_len": int(logprob_start_len),
+    }
+    if top_k > 0:
+        body["top_logprobs_num"] = int(top_k)
+    return body
+
+
+def _value(entry: Any, item: int, pos: int) -> float:
+    if not isinstance(entry, (list, tuple)) or len(entry) < 2:
+        raise TeacherError(
+            f"/generate item {item} position {pos}: expected a (logprob, id, text) entry, "
+            f"got {entry!r}"
+        )
+    v = entry[0]
+    # SGLang serializes with orjson, which writes NaN and ±inf as null: null past entry 0 is NaN.
+    return float("nan") if v is None else float(v)
+
+
+def parse_score_response(
+    items: Any, sequences: Sequence[Sequence[int]], top_k: int, logprob_start_len: int
+) -> ScoreResult:
+    """Turn SGLang's per-item dicts into a :class:`ScoreResult`, checking every length."""
+    if isinstance(items, dict):
+        items = [items]
+    if not isinstance(items, list) or len(items) != len(sequences):
+        got = len(items) if isinstance(items, list) else type(items).__name__
+        raise TeacherError(f"/generate returned {got} items for {len(sequences)} sequences")
+    token_lps: list[torch.Tensor] = []
+    topk_lps: list[torch.Tensor] | None = [] if top_k > 0 else None
+    topk_ids: list[torch.Tensor] | None = [] if top_k > 0 else None
+    for i, (item, seq) in enumerate(zip(items, sequences)):
+        meta = item.get("meta_info") if isinstance(item, dict) else None
+        if not isinstance(meta, dict) or "input_token_logprobs" not in meta:
+            raise TeacherError(f"/generate item {i} has no meta_info.input_token_logprobs")
+        entries = meta["input_token_logprobs"]
+        expected = len(seq) - logprob_start_len
+        if len(entries) != expected:
+            raise TeacherError(
+                f"/generate item {i}: {len(entries)} input_token_logprobs for a sequence of "
+                f"length {len(seq)} with logprob_start_len={logprob_start_len} "
+                f"(expected {expected}, entry 0 being null)"
+            )
+        token_lps.append(
+            torch.tensor(
+                [_value(e, i, j) for j, e in enumerate(entries[1:], 1)],
+                dtype=torch.float32,
+            )
+        )
+        if top_k > 0:
+            rows = meta.get("input_top_logprobs")
+            if not isinstance(rows, list) or len(rows) != expected:
+                raise TeacherError(
+                    f"/generate item {i}: input_top_logprobs missing or of the wrong length "
+                    f"(expected {expected} rows)"
+                )
+            vals: list[list[float]] = []
+            ids: list[list[int]] = []
+            for j, row in enumerate(rows[1:], 1):
+                if not row or len(row) != top_k:
+                    raise TeacherError(
+                        f"/generate item {i} position {j}: {len(row or [])} top logprobs, "
+                        f"asked for {top_k}"
+                    )
+                vals.append([_value(e, i, j) for e in row])
+                ids.append([int(e[1]) for e in row])
+            assert topk_lps is not None and topk_ids is not None
+            topk_lps.append(torch.tensor(vals, dtype=torch.float32).reshape(expected - 1, top_k))
+            topk_ids.append(torch.tensor(ids, dtype=torch.int64).reshape(expected - 1, top_k))
+    return ScoreResult(token_lps, topk_lps, topk_ids)
+
+
+def json_safe(obj: Any) -> Any:
+    """What orjson (SGLang's serializer) makes of an object: tuples as lists, NaN and ±inf as null."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def build_score_item(
+    input_ids: Sequence[int],
+    token_logprobs: torch.Tensor,
+    topk_logprobs: torch.Tensor | None,
+    topk_ids: torch.Tensor | None,
+    logprob_start_len: int,
+    *,
+    latency_s: float = 0.0,
+) -> dict[str, Any]:
+    """One response item exactly as SGLang shapes it for ``max_new_tokens: 0`` (tuples for JSON arrays)."""
+    ids = list(input_ids)[logprob_start_len:]
+    lps = [float(v) for v in token_logprobs.tolist()]
+    input_token_logprobs: list[tuple[Any, int, None]] = [(None, ids[0], None)] if ids else []
+    input_token_logprobs += [(v, t, None) for v, t in zip(lps, ids[1:])]
+    meta: dict[str, Any] = {
+        "id": uuid.uuid4().hex,
+        "finish_reason": {"type": "length", "length": 0},
+        "prompt_tokens": len(input_ids),
+        "completion_tokens": 0,
+        "cached_tokens": 0,
+        "reasoning_tokens": 0,
+        "weight_version": "default",
+        "num_retractions": 0,
+        "input_token_logprobs": input_token_logprobs,
+        "output_token_logprobs": [],
+        "output_token_logprobs_length": 0,
+        "e2e_latency": latency_s,
+    }
+    if topk_logprobs is not None and topk_ids is not None:
+        rows: list[list[tuple[float, int, None]] | None] = [None] if ids else []
+        for vals, tids in zip(topk_logprobs.tolist(), topk_ids.tolist()):
+            rows.append([(float(v), int(t), None) for v, t in zip(vals, tids)])
+        meta["input_top_logprobs"] = rows
+        meta["output_top_logprobs"] = []
+    return {"text": "", "output_ids": [], "meta_info": meta}

@@ -1,0 +1,265 @@
+"""The Teacher protocol, its result type, typed errors, and the sleep-state tracker every teacher uses."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+ALL_TAGS: tuple[str, ...] = ("weights", "kv_cache", "cuda_graph")
+"""SGLang's memory tags (``GPU_MEMORY_ALL_TYPES``); ``None`` or ``[]`` in a request means all."""
+
+
+class TeacherError(RuntimeError):
+    """A teacher call failed. The guard turns these into findings; it never lets them crash a run."""
+
+
+class TeacherUnreachable(TeacherError):
+    """No answer: connection refused, DNS failure, or the call ran past its timeout."""
+
+    def __init__(self, message: str, *, endpoint: str | None = None) -> None:
+        super().__init__(message)
+        self.endpoint = endpoint
+
+
+class TeacherHTTPError(TeacherError):
+    """The teacher answered with an error: HTTP status >= 400, or ``"success": false``.
+
+    ``message`` is the server's own text, taken from whichever error body SGLang used
+    (``{"error": {"message": ...}}``, ``{"error": "..."}``, ``{"success": false, "message": ...}``,
+    FastAPI's ``{"detail": ...}``, or plain text).
+    """
+
+    def __init__(
+        self, endpoint: str, status: int | None, message: str, *, body: Any = None
+    ) -> None:
+        where = f"{endpoint} -> HTTP {status}" if status is not None else endpoint
+        super().__init__(f"{where}: {message}")
+        self.endpoint = endpoint
+        self.status = status
+        self.message = message
+        self.body = body
+
+
+class TeacherStateError(TeacherError):
+    """Refused by the guard's own sleep-state tracking, before anything reached the teacher.
+
+    SGLang has no "is asleep" query, and a second release of a released tag kills its scheduler
+    (torch_memory_saver calls ``exit(1)``), so the guard must know the state itself.
+    """
+
+
+@dataclass(frozen=True)
+class ScoreResult:
+    """Per-token logprobs of given token sequences, one entry per sequence, in input order.
+
+    For a sequence of length L scored with ``logprob_start_len = s`` each tensor has
+    ``n = L - s - 1`` rows: row j is ``log p(ids[s + 1 + j] | ids[: s + 1 + j])``. SGLang's leading
+    ``null`` entry (position ``s`` has no prediction) is already dropped.
+    """
+
+    token_logprobs: list[torch.Tensor]
+    """``[n]`` float32 per sequence: logprob of the token actually there."""
+    topk_logprobs: list[torch.Tensor] | None = None
+    """``[n, K]`` float32 per sequence, sorted descending; ``None`` when ``top_k = 0``."""
+    topk_ids: list[torch.Tensor] | None = None
+    """``[n, K]`` int64 per sequence, the ids of ``topk_logprobs``; ``None`` when ``top_k = 0``."""
+
+    def __len__(self) -> int:
+        return len(self.token_logprobs)
+
+
+@runtime_checkable
+class Teacher(Protocol):
+    """What the guard needs from a teacher: score, sleep and wake, reload, describe itself.
+
+    Implementations track sleep state themselves (:class:`SleepState`): ``release`` of a tag that is
+    already released and ``score`` while asleep raise :class:`TeacherStateError`.
+    """
+
+    def score(
+        self,
+        sequences: Sequence[Sequence[int]],
+        *,
+        top_k: int = 0,
+        logprob_start_len: int = 0,
+    ) -> ScoreResult:
+        """Logprobs of ``ids[logprob_start_len + 1:]`` for each sequence, plus top-k if asked."""
+        ...
+
+    def release(self, tags: Sequence[str] | None = None) -> None:
+        """Put the teacher to sleep (``None`` = all tags)."""
+        ...
+
+    def resume(self, tags: Sequence[str] | None = None) -> None:
+        """Wake the teacher (``None`` = every released tag)."""
+        ...
+
+    def reload_weights(self, model_path: str | None = None) -> None:
+        """Load weights in place from disk (``None`` = the teacher's own ``model_path``)."""
+        ...
+
+    def flush_cache(self) -> None:
+        """Drop cached prefixes so nothing computed with old weights is reused."""
+        ...
+
+    def server_info(self) -> dict[str, Any]:
+        """Server arguments as flat keys, like SGLang's ``/server_info``."""
+        ...
+
+    @property
+    def vocab_size(self) -> int | None:
+        """Width of the output distribution, or None when the teacher cannot tell."""
+        ...
+
+    @property
+    def asleep(self) -> bool:
+        """True while any tag is released (tracked by the guard, not asked of the server)."""
+        ...
+
+
+def normalize_tags(tags: Sequence[str] | None) -> tuple[str, ...]:
+    """SGLang's reading of a tags argument: None or empty means all; unknown tags are an error."""
+    if tags is None or len(tags) == 0:
+        return ALL_TAGS
+    if isinstance(tags, str):
+        raise TypeError(f"tags must be a sequence of strings, not the string {tags!r}")
+    unknown = [t for t in tags if t not in ALL_TAGS]
+    if unknown:
+        raise ValueError(f"unknown memory tags {unknown}; SGLang knows {list(ALL_TAGS)}")
+    return tuple(dict.fromkeys(tags))
+
+
+class SleepState:
+    """Which memory tags are released, as the guard has seen them (SGLang cannot be asked).
+
+    ``check_*`` methods raise :class:`TeacherStateError` for the transitions that SGLang turns into
+    a dead scheduler (second release) or an error (resume of a tag never released), and for
+    scoring while asleep. ``mark_*`` record what happened; call them when sleep and wake are done
+    by someone else (e.g. the training framework) so the tracked state stays true.
+    """
+
+    def __init__(self, *, tags_supported: bool = True) -> None:
+        self._released: set[str] = set()
+        self.tags_supported = tags_supported
+        """False for old servers that ignore tags: every release and resume acts on all tags."""
+
+    @property
+    def released(self) -> frozenset[str]:
+        return frozenset(self._released)
+
+    @property
+    def asleep(self) -> bool:
+        return bool(self._released)
+
+    def _effective(self, tags: Sequence[str] | None) -> tuple[str, ...]:
+        return ALL_TAGS if not self.tags_supported else normalize_tags(tags)
+
+    def check_release(self, tags: Sequence[str] | None) -> tuple[str, ...]:
+        """The tags a release would act on; raises if any of them is already released."""
+        eff = self._effective(tags)
+        again = sorted(set(eff) & self._released)
+        if again:
+            raise TeacherStateError(
+                f"refusing to release {again}: already released and not resumed since. A second "
+                "release of a released tag kills SGLang's scheduler (torch_memory_saver exit(1)). "
+                "Resume first, or call mark_resumed() if the teacher was woken outside the guard."
+            )
+        return eff
+
+    def check_resume(self, tags: Sequence[str] | None) -> tuple[str, ...]:
+        """The tags a resume would act on (None = all released); raises if one is not released."""
+        if tags is None or not self.tags_supported:
+            eff = tuple(t for t in ALL_TAGS if t in self._released)
+        else:
+            eff = normalize_tags(tags)
+        missing = sorted(set(eff) - self._released) if eff else list(ALL_TAGS)
+        if missing:
+            raise TeacherStateError(
+                f"refusing to resume {missing}: not released (SGLang answers KeyError). "
+                f"Released now: {sorted(self._released) or 'nothing'}."
+            )
+        return eff
+
+    def check_score(self) -> None:
+        if self._released:
+            raise TeacherStateError(
+                f"refusing to score while asleep (released: {sorted(self._released)}): "
+                "resume the teacher first; SGLang does not stop a request on released memory."
+            )
+
+    def mark_released(self, tags: Sequence[str] | None) -> None:
+        self._released.update(self._effective(tags))
+
+    def mark_resumed(self, tags: Sequence[str] | None) -> None:
+        if tags is None or not self.tags_supported:
+            self._released.clear()
+        else:
+            self._released.difference_update(normalize_tags(tags))
+
+
+def check_score_args(
+    sequences: Sequence[Sequence[int]], top_k: int, logprob_start_len: int
+) -> None:
+    """Reject requests SGLang would reject or silently misread, with the reason."""
+    if top_k < 0:
+        raise ValueError(f"top_k must be >= 0, got {top_k}")
+    if logprob_start_len < 0:
+        raise ValueError(f"logprob_start_len must be >= 0, got {logprob_start_len}")
+    if len(sequences) == 0:
+        raise ValueError("score needs at least one sequence")
+    for i, seq in enumerate(sequences):
+        if len(seq) == 0:
+            raise ValueError(f"sequence {i} is empty")
+        if logprob_start_len >= len(seq):
+            raise ValueError(
+                f"logprob_start_len={logprob_start_len} leaves nothing to score in sequence {i} "
+                f"of length {len(seq)} (it must be < the length)"
+            )
+
+
+class TrackedTeacher:
+    """Shared sleep-state logic: subclasses implement ``_score``, ``_release``, ``_resume``.
+
+    The public methods check the tracked state first, call the backend, and only then record the
+    new state, so a failed release or resume leaves the tracked state unchanged.
+    """
+
+    def __init__(self, *, tags_supported: bool = True) -> None:
+        self.sleep_state = SleepState(tags_supported=tags_supported)
+
+    @property
+    def asleep(self) -> bool:
+        return self.sleep_state.asleep
+
+    def score(
+        self,
+        sequences: Sequence[Sequence[int]],
+        *,
+        top_k: int = 0,
+        logprob_start_len: int = 0,
+    ) -> ScoreResult:
+        check_score_args(sequences, top_k, logprob_start_len)
+        self.sleep_state.check_score()
+        return self._score([list(map(int, s)) for s in sequences], top_k, logprob_start_len)
+
+    def release(self, tags: Sequence[str] | None = None) -> None:
+        eff = self.sleep_state.check_release(tags)
+        self._release(eff)
+        self.sleep_state.mark_released(eff)
+
+    def resume(self, tags: Sequence[str] | None = None) -> None:
+        eff = self.sleep_state.check_resume(tags)
+        self._resume(eff)
+        self.sleep_state.mark_resumed(eff)
+
+    def _score(self, sequences: list[list[int]], top_k: int, logprob_start_len: int) -> ScoreResult:
+        raise NotImplementedError
+
+    def _release(self, tags: tuple[str, ...]) -> None:
+        raise NotImplementedError
+
+    def _resume(self, tags: tuple[str, ...]) -> None:
+        raise NotImplementedError

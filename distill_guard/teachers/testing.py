@@ -1,0 +1,76 @@
+"""Helpers for tests and demos: reference servers in a thread or a child process, on loopback."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from distill_guard.teachers.reference_server import ReferenceServer, serve_in_thread
+from distill_guard.teachers.torch_teacher import TorchTeacher
+
+_PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def reference_teacher(
+    model_dir: str | Path, *, old_api: bool = False, api_key: str | None = None, **kw: Any
+) -> Iterator[tuple[str, TorchTeacher]]:
+    """A :class:`TorchTeacher` (``**kw``) served in a background thread; yields (url, teacher)."""
+    teacher = TorchTeacher.from_pretrained(model_dir, **kw)
+    with serve_in_thread(ReferenceServer(teacher, old_api=old_api, api_key=api_key)) as url:
+        yield url, teacher
+
+
+def child_env() -> dict[str, str]:
+    """This environment, with this checkout importable in a child process."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(_PACKAGE_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+@contextlib.contextmanager
+def reference_subprocess(
+    model_dir: str | Path, *extra: str, timeout_s: float = 60.0
+) -> Iterator[str]:
+    """``serve-reference`` in a child process; yields its URL once ``/health`` answers."""
+    import httpx
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "distill_guard.cli_live", "serve-reference"]
+    cmd += ["--model", str(model_dir), "--port", str(port), *extra]
+    proc = subprocess.Popen(cmd, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if proc.poll() is not None:
+                out = proc.stdout.read().decode() if proc.stdout else ""
+                raise RuntimeError(f"serve-reference exited {proc.returncode}: {out[-2000:]}")
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(url + "/health", timeout=1.0).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"serve-reference did not answer on {url} in {timeout_s} s")
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

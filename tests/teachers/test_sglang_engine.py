@@ -1,0 +1,131 @@
+"""SGLangEngineTeacher against an object with sglang.Engine's signatures and return shapes."""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Any
+
+import pytest
+import torch
+
+from distill_guard.teachers import (
+    SGLangEngineTeacher,
+    TeacherError,
+    TeacherStateError,
+    TorchTeacher,
+)
+from distill_guard.teachers._sglang_wire import build_score_item
+from distill_guard.teachers.base import normalize_tags
+
+
+class FakeEngine:
+    """sglang.Engine's surface over a TorchTeacher: Python tuples, KeyError on a bad resume."""
+
+    def __init__(self, teacher: TorchTeacher) -> None:
+        self.t = teacher
+        self.calls: list[tuple[str, Any]] = []
+        self.offload_tags: set[str] = set()
+
+    def generate(self, prompt=None, sampling_params=None, input_ids=None, image_data=None,
+                 return_logprob=False, logprob_start_len=None, top_logprobs_num=None,
+                 token_ids_logprob=None, lora_path=None, custom_logit_processor=None,
+                 return_hidden_states=False, stream=False, rid=None):  # fmt: skip
+        self.calls.append(("generate", sampling_params))
+        assert sampling_params["max_new_tokens"] == 0 and return_logprob
+        k = top_logprobs_num or 0
+        res = self.t.score(input_ids, top_k=k, logprob_start_len=logprob_start_len)
+        return [
+            build_score_item(
+                ids,
+                res.token_logprobs[i],
+                res.topk_logprobs[i] if k else None,
+                res.topk_ids[i] if k else None,
+                logprob_start_len,
+            )  # fmt: skip
+            for i, ids in enumerate(input_ids)
+        ]
+
+    def release_memory_occupation(self, tags=None):
+        self.calls.append(("release", tags))
+        tags = normalize_tags(tags)
+        assert not (set(tags) & self.offload_tags), "torch_memory_saver would exit(1) here"
+        self.t.release(tags)
+        self.offload_tags |= set(tags)
+
+    def resume_memory_occupation(self, tags=None):
+        self.calls.append(("resume", tags))
+        for tag in normalize_tags(tags):
+            self.offload_tags.remove(tag)  # KeyError, as in SGLang
+        self.t.resume(normalize_tags(tags))
+
+    def update_weights_from_disk(self, model_path, load_format=None):
+        self.calls.append(("update_weights_from_disk", model_path))
+        try:
+            self.t.reload_weights(model_path)
+        except TeacherError as e:
+            return False, str(e), 0
+        return True, "Succeeded to update model weights.", 0
+
+    def flush_cache(self):
+        self.calls.append(("flush_cache", None))
+
+    def get_server_info(self):
+        return self.t.server_info()
+
+
+@pytest.fixture
+def engine(tiny_dir) -> FakeEngine:
+    return FakeEngine(TorchTeacher.from_pretrained(tiny_dir))
+
+
+def test_scores_through_the_engine_match_the_torch_teacher(engine, tiny_dir) -> None:
+    seqs = [list(range(3, 30)), [4, 4, 4, 4, 8]]
+    direct = TorchTeacher.from_pretrained(tiny_dir).score(seqs, top_k=3, logprob_start_len=1)
+    t = SGLangEngineTeacher(engine)
+    res = t.score(seqs, top_k=3, logprob_start_len=1)
+    for a, b in zip(
+        res.token_logprobs + res.topk_logprobs, direct.token_logprobs + direct.topk_logprobs
+    ):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert t.vocab_size == 512
+    assert "sglang" not in sys.modules  # imported lazily, never here
+
+
+def test_sleep_wake_reload_flush_through_the_engine(engine) -> None:
+    t = SGLangEngineTeacher(engine)
+    before = t.score([list(range(3, 30))]).token_logprobs[0]
+    t.release(["weights", "kv_cache"])
+    with pytest.raises(TeacherStateError):
+        t.release(["weights"])
+    t.resume()
+    woke = t.score([list(range(3, 30))]).token_logprobs[0]
+    assert float((woke + math.log(512)).abs().max()) < 1e-5
+    t.reload_weights()
+    t.flush_cache()
+    assert torch.equal(t.score([list(range(3, 30))]).token_logprobs[0], before)
+    assert [c[0] for c in engine.calls if c[0] != "generate"] == [
+        "release", "resume", "update_weights_from_disk", "flush_cache"]  # fmt: skip
+    assert engine.calls[1] == ("release", ["weights", "kv_cache"])
+    assert engine.calls[2] == ("resume", ["weights", "kv_cache"])
+
+
+def test_engine_failures_become_teacher_errors(engine) -> None:
+    t = SGLangEngineTeacher(engine)
+    with pytest.raises(TeacherError, match="update_weights_from_disk failed"):
+        t.reload_weights("/nonexistent")
+    with pytest.raises(TeacherError, match="KeyError"):
+        t._resume(("weights",))  # bypass the tracker: the engine's own KeyError
+
+
+def test_launch_without_sglang_says_what_to_install() -> None:
+    if "sglang" in sys.modules or _has_sglang():
+        pytest.skip("sglang is installed")
+    with pytest.raises(TeacherError, match="needs sglang"):
+        SGLangEngineTeacher.launch(model_path="/m")
+
+
+def _has_sglang() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("sglang") is not None

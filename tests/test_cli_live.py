@@ -1,0 +1,119 @@
+"""The live CLI commands: probe, preflight, serve-reference; exit codes and output."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from distill_guard.cli_live import add_live_commands, main
+from distill_guard.teachers import SGLangHTTPTeacher, TorchTeacher
+from distill_guard.teachers.testing import child_env, reference_subprocess, reference_teacher
+from distill_guard.teachers.tiny import build_tiny_qwen3
+
+torch.set_num_threads(1)  # tiny models: thread wake-ups cost more than the math
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_qwen3(tmp_path_factory.mktemp("cli_tiny"), vocab_size=512)
+
+
+def test_commands_register_on_any_parser() -> None:
+    parser = argparse.ArgumentParser()
+    add_live_commands(parser.add_subparsers(dest="cmd"))
+    for argv in (["probe", "--url", "http://x"], ["preflight", "--args", "x"],
+                 ["serve-reference", "--model", "m", "--port", "1"]):  # fmt: skip
+        args = parser.parse_args(argv)
+        assert callable(args.func)
+    assert parser.parse_args(["probe", "--url", "u", "--tags", "weights", "kv_cache"]).tags == [
+        "weights",
+        "kv_cache",
+    ]
+
+
+def test_probe_without_backup_exits_1_names_the_flag_and_repairs(tiny_dir, capsys) -> None:
+    with reference_teacher(tiny_dir) as (url, _):
+        assert main(["probe", "--url", url, "--cycles", "2"]) == 1
+        out = capsys.readouterr().out
+        assert "--enable-weights-cpu-backup" in out and "teacher.uniform" in out
+        assert "was repaired" in out and "UNHEALTHY (exit 1)" in out
+        assert "-6.2383" in out  # top-1 logprob = −ln 512 in the table
+
+
+def test_probe_with_backup_exits_0(tiny_dir, capsys) -> None:
+    with reference_teacher(tiny_dir, enable_cpu_backup=True) as (url, _):
+        assert main(["probe", "--url", url, "--cycles", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ok"] is True and out["repaired"] is False and len(out["cycles"]) == 2
+
+
+def test_probe_of_an_unreachable_url_exits_2_quickly(capsys) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.monotonic()
+    assert main(["probe", "--url", f"http://127.0.0.1:{port}", "--timeout", "2"]) == 2
+    assert time.monotonic() - t0 < 2.5
+    assert "cannot reach" in capsys.readouterr().err
+
+
+def test_probe_of_a_silent_server_exits_2_within_the_timeout(capsys) -> None:
+    with socket.socket() as s:  # accepts, never answers
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)
+        t0 = time.monotonic()
+        assert (
+            main(["probe", "--url", f"http://127.0.0.1:{s.getsockname()[1]}", "--timeout", "1"])
+            == 2
+        )
+        assert time.monotonic() - t0 < 1.8
+    assert "no answer within 1 s" in capsys.readouterr().err
+
+
+def test_preflight_from_args_and_url(tiny_dir, capsys) -> None:
+    relax = ("python train.py --use-opd --opd-type sglang --teacher-hf-checkpoint /t --colocate "
+             "--resource '{\"actor\":[1,4],\"rollout\":[1,3],\"teacher\":[1,1]}'")  # fmt: skip
+    assert main(["preflight", "--args", relax]) == 1
+    assert "--teacher-sglang-enable-weights-cpu-backup" in capsys.readouterr().out
+    assert (
+        main(
+            ["preflight", "--args", relax + " --teacher-sglang-enable-weights-cpu-backup", "--json"]
+        )
+        == 0
+    )
+    assert json.loads(capsys.readouterr().out)["ok"] is True
+    with reference_teacher(tiny_dir, old_api=True) as (url, _):
+        assert main(["preflight", "--url", url]) == 1  # via /get_server_info
+    assert main(["preflight"]) == 2
+    assert "exactly one of" in capsys.readouterr().err
+
+
+def test_serve_reference_and_probe_as_processes(tiny_dir) -> None:
+    """The real commands end to end: after a probe that found the weights lost, the teacher scores
+    correctly again."""
+    expected = TorchTeacher.from_pretrained(tiny_dir).score([list(range(9, 70))], top_k=4)
+    with reference_subprocess(tiny_dir, "--torch-threads", "1") as url:
+        probe = subprocess.run(
+            [sys.executable, "-m", "distill_guard.cli_live", "probe", "--url", url, "--cycles", "3"],
+            env=child_env(), capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert probe.returncode == 1, probe.stdout + probe.stderr
+        assert "--enable-weights-cpu-backup" in probe.stdout and "was repaired" in probe.stdout
+        with SGLangHTTPTeacher(url) as t:
+            info = t.server_info()
+            assert "not SGLang" in info["version"] and "serve-reference" in info["launch_command"]
+            got = t.score([list(range(9, 70))], top_k=4)
+    assert torch.equal(got.topk_logprobs[0], expected.topk_logprobs[0])
+
+
+def test_serve_reference_requires_a_model(tmp_path, capsys) -> None:
+    assert main(["serve-reference", "--model", str(tmp_path / "none"), "--port", "1"]) == 2
+    assert "no config.json" in capsys.readouterr().err

@@ -1,0 +1,93 @@
+"""run_probe against reference servers over loopback HTTP."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from distill_guard.checks.canary import CanaryCheck
+from distill_guard.findings import Code
+from distill_guard.probe import format_table, run_probe
+from distill_guard.teachers import SGLangHTTPTeacher, TorchTeacher
+from distill_guard.teachers.testing import reference_teacher
+from distill_guard.teachers.tiny import build_tiny_qwen3
+
+torch.set_num_threads(1)  # tiny models: thread wake-ups cost more than the math
+
+SEQ = [list(range(5, 60))]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_qwen3(tmp_path_factory.mktemp("probe_tiny"), vocab_size=512)
+
+
+@pytest.mark.parametrize(
+    ("fault", "code"),
+    [("zeros", Code.TEACHER_UNIFORM), ("garbage", Code.TEACHER_FINGERPRINT_MISMATCH)],
+)
+def test_probe_finds_the_loss_repairs_and_leaves_the_teacher_scoring_correctly(
+    tiny_dir, fault, code
+) -> None:
+    expected = TorchTeacher.from_pretrained(tiny_dir).score(SEQ, top_k=4)
+    with reference_teacher(tiny_dir, fault=fault) as (url, _), SGLangHTTPTeacher(url) as t:
+        report = run_probe(t, cycles=3)
+        assert not report.ok and report.repaired and report.exit_code == 1
+        assert len(report.cycles) == 1 and report.cycles[0].lost_weights  # stops at the first loss
+        assert report.cycles[0].uniform == (fault == "zeros")
+        got = [f.code for f in report.findings]
+        assert (
+            got[0] == Code.CONFIG_NO_WEIGHTS_BACKUP and code in got and Code.TEACHER_REPAIRED in got
+        )
+        after = t.score(SEQ, top_k=4)  # the probe left it as it found it
+        assert torch.equal(after.topk_logprobs[0], expected.topk_logprobs[0])
+        assert not t.asleep
+
+
+def test_probe_of_a_backed_up_teacher_is_healthy(tiny_dir) -> None:
+    with (
+        reference_teacher(tiny_dir, enable_cpu_backup=True) as (url, _),
+        SGLangHTTPTeacher(url) as t,
+    ):
+        report = run_probe(t, cycles=3, tags=["weights", "kv_cache"])
+    assert report.ok and not report.repaired and report.exit_code == 0
+    assert [c.max_abs_delta for c in report.cycles] == [0.0, 0.0, 0.0]
+    assert all(c.top1_logprob > -3 and not c.uniform for c in report.cycles)
+    assert [f.code for f in report.findings] == [Code.CONFIG_NONDETERMINISTIC]
+    table = format_table(report)
+    assert table.count("\n") == 4 and "max |Δ logprob|" in table
+
+
+def test_releasing_only_the_kv_cache_keeps_the_weights(tiny_dir) -> None:
+    with reference_teacher(tiny_dir) as (url, _), SGLangHTTPTeacher(url) as t:
+        report = run_probe(t, cycles=2, tags=["kv_cache"])
+    assert [c.lost_weights for c in report.cycles] == [False, False]
+    assert not report.ok  # preflight still flags the configuration
+
+
+def test_to_json_has_exactly_the_documented_shape(tiny_dir) -> None:
+    with reference_teacher(tiny_dir) as (url, _), SGLangHTTPTeacher(url) as t:
+        out = run_probe(t, cycles=1, canary=CanaryCheck(length=16, top_k=4)).to_json()
+    assert list(out) == ["ok", "repaired", "findings", "cycles"]
+    assert out["ok"] is False and out["repaired"] is True
+    assert json.loads(json.dumps(out, allow_nan=False)) == out
+    cyc = out["cycles"][0]
+    assert cyc["uniform"] is True and cyc["max_abs_delta"] > 1 and cyc["top1_logprob"] < -6
+
+
+def test_a_teacher_broken_before_the_probe_is_reported_not_cycled(tiny_dir) -> None:
+    with reference_teacher(tiny_dir) as (url, teacher), SGLangHTTPTeacher(url) as t:
+        teacher.release()
+        teacher.resume()  # lost before the probe started
+        report = run_probe(t, cycles=3, preflight=False)
+    assert report.cycles == [] and not report.ok and not report.repaired
+    assert [f.code for f in report.findings] == [Code.TEACHER_UNIFORM]
+
+
+def test_no_repair_leaves_it_reported(tiny_dir) -> None:
+    with reference_teacher(tiny_dir) as (url, _), SGLangHTTPTeacher(url) as t:
+        report = run_probe(t, cycles=2, repair=False)
+    assert not report.repaired and report.cycles[0].lost_weights
