@@ -21,6 +21,7 @@ from distill_guard.checks import (
     TeacherCollapseCheck,
     TruncationCheck,
 )
+from distill_guard.checks.canary import CanaryCheck
 from distill_guard.guard import DistillGuard
 from distill_guard.observations import RELAX_METRIC_NAMES, LossKind, RunSpec
 from distill_guard.policy import Policy
@@ -54,6 +55,8 @@ class ChecksConfig:
     entropy_drift: EntropyDriftCheck = field(default_factory=EntropyDriftCheck)
     truncation: TruncationCheck = field(default_factory=TruncationCheck)
     nonfinite_metrics: NonfiniteMetricsCheck = field(default_factory=NonfiniteMetricsCheck)
+    canary: CanaryCheck = field(default_factory=CanaryCheck)
+    """Sleep/wake canary; used only when the guard is given a live teacher."""
 
 
 @dataclass
@@ -115,7 +118,9 @@ def compose_guard_config(preset: str = "default", overrides: list[str] | None = 
 def build_guard(cfg: DictConfig | GuardConfig, **kwargs: Any) -> DistillGuard:
     """A guard from a composed config. ``kwargs`` go to :class:`DistillGuard` (teacher, rank, ...)."""
     conf: GuardConfig = OmegaConf.to_object(cfg) if isinstance(cfg, DictConfig) else cfg
-    checks = [c for c in vars(conf.checks).values() if c.enabled]
+    checks = [c for name, c in vars(conf.checks).items() if name != "canary" and c.enabled]
+    if kwargs.get("teacher") is not None:
+        kwargs.setdefault("canary", conf.checks.canary)
     rank = kwargs.pop("rank", 0)
     kwargs.setdefault("events", conf.events_path)
     kwargs.setdefault(

@@ -142,6 +142,7 @@ class DistillGuard:
         self.on_finding = on_finding
         self.stop_on_halt = stop_on_halt
         self.summary = GuardSummary()
+        self.incidents = _incident_tracker()
         if teacher is not None and self.run.vocab_size is None:
             self._learn_vocab_size(teacher)
 
@@ -175,6 +176,8 @@ class DistillGuard:
             findings = self._safely(
                 "canary", lambda: self.canary.verify(self.teacher, step=step), step
             )
+            if not findings:
+                self.incidents.on_clean_wake(step)
         return self._conclude("after_wake", step, findings)
 
     def before_sleep(self, step: int) -> None:
@@ -201,6 +204,7 @@ class DistillGuard:
         }
         if self.canary is not None and hasattr(self.canary, "state_dict"):
             state["canary"] = self.canary.state_dict()
+        state["incidents"] = self.incidents.state_dict()
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -269,20 +273,18 @@ class DistillGuard:
     def _conclude(self, stage: str, step: int, findings: list[Finding]) -> Decision:
         if self.halted and self.stop_on_halt:
             return Decision(step, Action.HALT, message=self.summary.halt["message"])
-        for f in findings:
-            self.summary.add_finding(f)
-            self.events.write("finding", stage=stage, **f.to_dict())
-            if self.on_finding is not None:
-                self.on_finding(f)
+        self._record(stage, findings)
         decision = self.policy.decide(step, findings)
         if self.reducer is not None:
             decision = self._reduce(decision)
+        alert_text: str | None = ""
         if decision.action is Action.REWAKE:
-            decision = self._rewake(stage, decision)
+            decision, alert_text = self._rewake(stage, decision)
         self.summary.add_decision(decision)
         if decision.action is not Action.CONTINUE:
             self.events.write("decision", stage=stage, **decision.to_dict())
-            self._alert(decision)
+            if alert_text is not None:
+                self._alert(decision, alert_text)
         if decision.action is Action.HALT and not self.halted:
             self.summary.halt = {
                 "step": step,
@@ -293,6 +295,13 @@ class DistillGuard:
             self.events.write("halt", stage=stage, step=step, message=decision.message)
             self.events.close()
         return decision
+
+    def _record(self, stage: str, findings: list[Finding]) -> None:
+        for f in findings:
+            self.summary.add_finding(f)
+            self.events.write("finding", stage=stage, **f.to_dict())
+            if self.on_finding is not None:
+                self.on_finding(f)
 
     def _reduce(self, decision: Decision) -> Decision:
         try:
@@ -308,17 +317,22 @@ class DistillGuard:
                 message=f"halt: ranks could not agree on a decision ({exc})",
             )
 
-    def _rewake(self, stage: str, decision: Decision) -> Decision:
-        """Carry out a rewake if this guard holds the teacher; else leave it to the adapter."""
+    def _rewake(self, stage: str, decision: Decision) -> tuple[Decision, str | None]:
+        """Carry out a rewake if this guard holds the teacher; else leave it to the adapter.
+
+        Returns the decision as carried out and the extra alert text: None when this repair
+        is one more of an incident already alerted (a teacher that loses its weights at every
+        wake is one incident with a repair count, not an alert per step).
+        """
         if self.teacher is None or self.canary is None:
-            return decision
+            return decision, ""
         if getattr(self.teacher, "asleep", False):
             # Colocated: the trainer holds the memory now. The canary at the next wake decides.
             return dataclasses.replace(
                 decision,
-                message=f"{decision.message}; teacher asleep, "
-                "the canary at its next wake will repair it if needed",
-            )
+                message=f"{decision.message}; teacher asleep, the canary at its next wake "
+                "will repair it if needed",
+            ), ""
         from distill_guard.repair import repair_teacher
 
         outcome = repair_teacher(
@@ -327,30 +341,38 @@ class DistillGuard:
             reloader=self.reloader,
             max_attempts=self.repair_attempts,
             backoff_s=self.repair_backoff_s,
+            step=decision.step,
             on_event=lambda kind, payload: self.events.write(
-                kind, stage=stage, step=decision.step, **payload
+                kind, stage=stage, **{"step": decision.step, **payload}
             ),
         )
-        self.summary.repairs += int(outcome.ok)
+        self._record(stage, outcome.findings)
+        notice = self.incidents.on_repair(outcome, step=decision.step, cause=list(decision.reasons))
         if outcome.ok:
+            self.summary.repairs += 1
             self.policy.resolved(decision.step)
-            return dataclasses.replace(
+            decision = dataclasses.replace(
                 decision,
-                message=f"{decision.message}; teacher repaired in {outcome.attempts} attempt(s)",
+                message=f"{decision.message}; teacher repaired in {outcome.attempts} attempt(s), "
+                f"{outcome.seconds:.2f} s (repair {self.incidents.total_repairs} of this run)",
             )
+            return decision, (notice.message if notice is not None else None)
         return Decision(
             decision.step,
             Action.HALT,
-            decision.reasons,
-            message=f"halt: teacher repair failed after {outcome.attempts} attempt(s) ({decision.message})",
-        )
+            (*outcome.findings[:1], *decision.reasons),
+            message=f"halt: teacher repair failed after {outcome.attempts} attempt(s) "
+            f"({decision.message})",
+        ), outcome.findings[0].message
 
-    def _alert(self, decision: Decision) -> None:
+    def _alert(self, decision: Decision, extra: str = "") -> None:
         codes = sorted({f.code for f in decision.reasons}) or ["unknown"]
         level = "ERROR" if decision.acts or decision.intended is not None else "WARN"
         title = alert_title(codes[0], decision.action.value if decision.acts else None)
         first = decision.reasons[0].message if decision.reasons else decision.message
-        text = f"step {decision.step}: {decision.message}\n{first}"
+        text = f"step {decision.step}: {decision.message}\n{first}" + (
+            f"\n{extra}" if extra else ""
+        )
         self.events.write("alert", step=decision.step, title=title, level=level)
         self.alerter.alert(title, text, level)
 
@@ -372,3 +394,9 @@ def _is_teacher_error(exc: Exception) -> bool:
     except ImportError:  # teachers layer not installed
         return False
     return isinstance(exc, TeacherError)
+
+
+def _incident_tracker() -> Any:
+    from distill_guard.repair import IncidentTracker
+
+    return IncidentTracker()

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -75,7 +74,7 @@ class CanaryCheck:
     long as ``fingerprint`` runs after each update, just before the sleep.
     """
 
-    tokens: Sequence[int] | None = None
+    tokens: list[int] | None = None
     """The canary sequence. ``None``: ``length`` ids drawn with ``seed`` from [0, V) (or from
     [0, 256) when V is unknown), fixed at first use and kept in ``state_dict``."""
     seed: int = 0
@@ -100,11 +99,14 @@ class CanaryCheck:
     """V; ``None`` asks the teacher (``config.json`` at its ``model_path``), else infers it from
     a flat response."""
 
-    _fingerprint: CanaryFingerprint | None = field(default=None, init=False, repr=False)
-    _tokens: list[int] | None = field(default=None, init=False, repr=False)
-    _deterministic: bool | None = field(default=None, init=False, repr=False)
-    last_comparison: CanaryComparison | None = field(default=None, init=False, repr=False)
-    """What the last ``verify`` measured."""
+    def __post_init__(self) -> None:
+        # Runtime state, not configuration: kept out of the dataclass fields so the check is
+        # also its own Hydra schema.
+        self._fingerprint: CanaryFingerprint | None = None
+        self._tokens: list[int] | None = None
+        self._deterministic: bool | None = None
+        self.last_comparison: CanaryComparison | None = None
+        """What the last ``verify`` measured."""
 
     # -- measuring -------------------------------------------------------------------------
 
