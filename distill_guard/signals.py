@@ -156,7 +156,8 @@ def entropy_from_logits(
         c = z[a:b].float()
         lse = torch.logsumexp(c, dim=-1)
         p = torch.softmax(c, dim=-1)
-        out[a:b] = lse - (p * c).sum(dim=-1)
+        # a −inf logit has p = 0 and contributes nothing (0·log 0 = 0), not 0·(−inf) = NaN
+        out[a:b] = lse - (p * c.masked_fill(p == 0, 0.0)).sum(dim=-1)
     return out.reshape(logits.shape[:-1])
 
 
@@ -189,8 +190,9 @@ def jsd_from_logits(
         ls = torch.log_softmax(s_all[a:b].float(), dim=-1)
         lt = torch.log_softmax(t_all[a:b].float(), dim=-1)
         lm = torch.logaddexp(ls + log1mb, lt + logb)
-        kl_s = (ls.exp() * (ls - lm)).sum(dim=-1)
-        kl_t = (lt.exp() * (lt - lm)).sum(dim=-1)
+        # tokens one side gives probability 0 (−inf logits) add 0 to its KL, not NaN
+        kl_s = (ls.exp() * (ls - lm)).masked_fill(ls == -math.inf, 0.0).sum(dim=-1)
+        kl_t = (lt.exp() * (lt - lm)).masked_fill(lt == -math.inf, 0.0).sum(dim=-1)
         out[a:b] = (1.0 - beta) * kl_s + beta * kl_t
     return out.reshape(student_logits.shape[:-1])
 

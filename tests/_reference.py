@@ -27,8 +27,9 @@ def entropy64(logits) -> np.ndarray:
 
 def _kl(lp: np.ndarray, lq: np.ndarray) -> np.ndarray:
     p = np.exp(lp)
-    terms = np.where(p > 0, p * (np.where(p > 0, lp, 0.0) - lq), 0.0)
-    return np.sum(terms, axis=-1)
+    support = p > 0  # where p > 0, q ≥ (1−β)·p > 0 too, so log q is finite there
+    diff = np.where(support, np.where(support, lp, 0.0) - np.where(support, lq, 0.0), 0.0)
+    return np.sum(p * diff, axis=-1)
 
 
 def jsd64(student_logits, teacher_logits, beta: float) -> np.ndarray:
