@@ -160,6 +160,12 @@ def test_unknown_vocab_partial_collapse_is_flagged_with_the_right_vocab(fraction
     assert f.values["inferred_vocab_size"] == pytest.approx(QWEN3_V, rel=1e-3)
 
 
+def test_unknown_vocab_single_column_topk_is_not_judged():
+    """With k = 1 every row is trivially flat: nothing can be inferred from it."""
+    x = torch.full((50, 1), UNIFORM)
+    assert TeacherCollapseCheck().on_teacher_scores(scores(topk=x), UNKNOWN) == []
+
+
 def test_unknown_vocab_per_token_input_cannot_be_judged():
     x = torch.full((100,), UNIFORM)
     assert TeacherCollapseCheck().on_teacher_scores(scores(tokens=x), UNKNOWN) == []
