@@ -82,6 +82,25 @@ def test_a_healthy_run_is_left_alone(run_cli, tmp_path, seed, vocab):
     assert code == 0, err
 
 
+def test_info_findings_alone_exit_0(run_cli, tmp_path):
+    """A student sharpening on a confident teacher is recorded (info), not reported as a fault."""
+    rows = [
+        {
+            "train/step": t,
+            "train/loss": 0.02,
+            "train/entropy_loss": (1.0 if t < 80 else 0.3) + 0.05 * ((t * 7) % 5 - 2),
+        }
+        for t in range(150)
+    ]
+    path = write_jsonl(rows, tmp_path / "sharpening.jsonl")
+    code, out, err = run_cli("replay", path, "--json")
+    result = as_json(out)
+    assert set(result["first"]) == {Code.STUDENT_ENTROPY_DROP}
+    assert {f["severity"] for f in result["findings"]} == {"info"}
+    assert result["halt_step"] is None
+    assert code == 0, err
+
+
 def test_a_uniform_teacher_metric_is_flagged_from_step_1(run_cli, tmp_path):
     rows = list(uniform_teacher_history(50))
     assert rows[0]["rollout/teacher_log_probs"] != pytest.approx(-math.log(QWEN3_V))

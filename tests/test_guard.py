@@ -303,6 +303,17 @@ def test_state_dict_round_trip_continues_identically(make_guard, quiet_alerter):
     assert a.halted == b.halted
 
 
+def test_a_resumed_guard_remembers_an_incident_in_progress(make_guard):
+    """Two critical steps before the checkpoint, one after: the resumed guard halts."""
+    a = make_guard(run=RUN, events=None)  # halt after 3 consecutive critical steps
+    assert [a.on_step_metrics(s, COLLAPSED).action for s in (0, 1)] == [Action.REWAKE] * 2
+    b = make_guard(run=RUN, events=None)
+    b.load_state_dict(json.loads(json.dumps(a.state_dict())))
+    assert b.on_step_metrics(2, COLLAPSED).action is Action.HALT
+    fresh = make_guard(run=RUN, events=None)
+    assert fresh.on_step_metrics(2, COLLAPSED).action is Action.REWAKE
+
+
 def test_loaded_halt_stays_halted(make_guard):
     a = make_guard(run=RUN, policy=Policy(halt_after_critical_steps=1), events=None)
     a.on_step_metrics(0, COLLAPSED)

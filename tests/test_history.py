@@ -25,6 +25,18 @@ def test_jsonl_rows_become_roles_in_step_order(tmp_path):
     assert h.missing == []
 
 
+def test_eval_wildcard_skips_truncation_ratios_and_sub_metrics(tmp_path):
+    row = {
+        "train/loss": 0.1,
+        "eval/aime-truncated_ratio": 0.9,  # sorts first, but is not an accuracy
+        "eval/aime/pass@1": 0.2,  # a sub-metric
+        "eval/math": 0.4,
+    }
+    h = load_history(write_jsonl([row], tmp_path / "h.jsonl"))
+    assert h.keys["eval_accuracy"] == "eval/math"
+    assert h.steps == [(0, {"loss": 0.1, "eval_accuracy": 0.4})]
+
+
 def test_rows_of_one_step_are_merged_and_steps_sorted(tmp_path):
     rows = [
         {"_step": 5, "train/loss": 0.1},
