@@ -13,6 +13,7 @@ channel becomes a finding like any other.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import os
@@ -79,11 +80,12 @@ class GuardSummary:
             self.first_action.setdefault(f"would_{d.intended.value}", d.step)
 
     def state_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in vars(self).items()}
+        # deep copies both ways: a saved state is a snapshot, not a view of live counters
+        return copy.deepcopy(vars(self))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         for k, v in state.items():
-            setattr(self, k, v)
+            setattr(self, k, copy.deepcopy(v))
 
 
 class DistillGuard:

@@ -63,7 +63,11 @@ class RunSpec:
     before comparing with a bound."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "loss", LossKind(self.loss))
+        try:
+            object.__setattr__(self, "loss", LossKind(self.loss))
+        except ValueError:
+            choices = ", ".join(k.value for k in LossKind)
+            raise ValueError(f"loss must be one of {choices}, got {self.loss!r}") from None
         if self.vocab_size is not None and self.vocab_size < 2:
             raise ValueError(f"vocab_size must be >= 2, got {self.vocab_size}")
         if not 0.0 <= self.beta <= 1.0:

@@ -90,11 +90,16 @@ class Policy:
     """What persistent warnings escalate to."""
 
     def __post_init__(self) -> None:
-        self.critical_action = Action(self.critical_action)
-        self.warn_escalation = Action(self.warn_escalation)
+        self.critical_action = _action("critical_action", self.critical_action)
+        self.warn_escalation = _action("warn_escalation", self.warn_escalation)
         if self.critical_action not in (Action.REWAKE, Action.SKIP_BATCH, Action.HALT):
             raise ValueError(
                 f"critical_action must be rewake, skip_batch or halt, got {self.critical_action.value}"
+            )
+        if self.warn_escalation is Action.CONTINUE:
+            raise ValueError(
+                "warn_escalation must be alert, skip_batch, rewake or halt, got continue "
+                "(it would silence warnings once they persist)"
             )
         if self.halt_after_critical_steps < 1:
             raise ValueError(
@@ -149,6 +154,14 @@ class Policy:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._critical.load_state_dict(state.get("critical", {}))
         self._warn.load_state_dict(state.get("warn", {}))
+
+
+def _action(field_name: str, value: Action | str) -> Action:
+    try:
+        return Action(value)
+    except ValueError:
+        choices = ", ".join(a.value for a in Action)
+        raise ValueError(f"{field_name} must be one of {choices}, got {value!r}") from None
 
 
 @dataclass

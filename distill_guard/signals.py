@@ -93,7 +93,7 @@ def teacher_logprob_stats(
     rows = (x if x.dim() == 2 else x.unsqueeze(1)).to(torch.float64)
     # Masked reductions and a single host transfer: on a GPU this costs one sync, not ten.
     finite = torch.isfinite(rows)
-    n_fin = finite.sum()
+    n_fin = finite.sum().double()
     vals = torch.where(finite, rows, 0.0)
     mean = vals.sum() / n_fin
     var = torch.where(finite, (rows - mean) ** 2, 0.0).sum() / n_fin
@@ -101,13 +101,13 @@ def teacher_logprob_stats(
     lo = torch.where(finite, rows, math.inf)
     top1 = hi.amax(dim=1)
     row_ok = torch.isfinite(top1) & finite.all(dim=1)
-    n_rows = row_ok.sum()
+    n_rows = row_ok.sum().double()
     top1_mean = torch.where(row_ok, top1, 0.0).sum() / n_rows
     flat = row_ok & ((top1 - lo.amin(dim=1)) <= atol)
     target = uniform_logprob(vocab_size) if vocab_size is not None else 0.0
     uniform = (finite & ((rows - target).abs() <= atol)).sum() / n_fin
     (n_fin_, mean_, var_, min_, max_, uniform_, top1_mean_, flat_) = torch.stack(
-        [n_fin.double(), mean, var, lo.min(), hi.max(), uniform, top1_mean, flat.sum() / n_rows]
+        [n_fin, mean, var, lo.min(), hi.max(), uniform, top1_mean, flat.sum() / n_rows]
     ).tolist()
     count = rows.numel()
     nan = float("nan")

@@ -27,10 +27,14 @@ class EntropyDriftCheck(Check):
 
     enabled: bool = True
     """Switch the check off without removing it from a preset."""
-    warmup_steps: int = 20
-    """Finite observations that form the frozen reference."""
-    k: float = 0.5
-    """CUSUM slack per step, in reference σ: deviations smaller than this never accumulate."""
+    warmup_steps: int = 50
+    """Finite observations that form the frozen reference. Fewer make the estimated mean and σ
+    so uncertain that stationary noise alone crosses the threshold (20 steps: about one run in
+    five raised a false drift warning within 1000 steps)."""
+    k: float = 1.0
+    """CUSUM slack per step, in reference σ: deviations smaller than this never accumulate.
+    1σ tunes the detector to shifts of about 2σ and more; the drift of a dead teacher is
+    hundreds of σ, and a smaller slack turns warm-up estimation error into false alarms."""
     h: float = 8.0
     """CUSUM decision threshold, in σ. Larger trades detection delay for fewer false alarms."""
     patience: int = 3

@@ -123,22 +123,30 @@ class TeacherCollapseCheck(Check):
                     )
                 )
         elif topk and x.shape[1] > 1:
-            flat = (x.amax(dim=1) - x.amin(dim=1)) <= self.atol
-            flat_fraction = float(flat.double().mean())
-            if flat_fraction >= self.min_row_fraction and stats.mean < -math.log(x.shape[1]):
-                guessed = infer_uniform_vocab_size(stats.mean)
+            # Without V a uniform row shows as k equal values below −ln k. Judge the flat rows
+            # on their own: a mean over all rows is diluted by the healthy ones.
+            top1, low = x.amax(dim=1), x.amin(dim=1)
+            flat = (
+                ((top1 - low) <= self.atol) & (top1 < -math.log(x.shape[1])) & torch.isfinite(top1)
+            )
+            n_flat = int(flat.sum())
+            frac = n_flat / x.shape[0]
+            if n_flat and frac >= self.min_row_fraction:
+                level = float(top1[flat].double().mean())
+                guessed = infer_uniform_vocab_size(level)
                 findings.append(
                     Finding(
                         Code.TEACHER_UNIFORM,
                         Severity.CRITICAL,
-                        f"{flat_fraction:.1%} of teacher top-k rows are flat (all k values within "
-                        f"{self.atol:g}) at {stats.mean:.5f} = −ln {guessed}: a uniform teacher "
-                        f"over a vocabulary of about {guessed}. Set vocab_size to make this test "
-                        f"exact. {FIX}",
+                        f"{frac:.1%} of teacher top-k rows are flat (all k values within "
+                        f"{self.atol:g}) at {level:.5f} = −ln {guessed}: a uniform teacher over a "
+                        f"vocabulary of about {guessed}. Set vocab_size to make this test exact. "
+                        f"{FIX}",
                         scores.step,
                         {
                             **measured,
-                            "row_flat_fraction": flat_fraction,
+                            "row_flat_fraction": frac,
+                            "flat_row_logprob": level,
                             "inferred_vocab_size": guessed,
                         },
                     )

@@ -1,0 +1,203 @@
+"""TeacherCollapseCheck: a uniform or non-finite teacher is flagged; healthy teachers are not."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from distill_guard.checks import TeacherCollapseCheck
+from distill_guard.findings import Code, Severity
+from distill_guard.observations import RunSpec, StepMetrics, TeacherScores
+from tests.conftest import LN_QWEN3_V, QWEN3_V
+
+UNIFORM = -LN_QWEN3_V
+KNOWN = RunSpec(vocab_size=QWEN3_V)
+UNKNOWN = RunSpec()
+
+
+def healthy_topk(n: int = 64, k: int = 16, seed: int = 0, vocab: int = 2000) -> torch.Tensor:
+    """Top-k logprobs of a peaked, healthy teacher (sorted, all finite)."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(n, vocab, generator=g) * 4
+    return torch.log_softmax(logits, -1).topk(k, -1).values
+
+
+def healthy_tokens(n: int = 512, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return -torch.rand(n, generator=g).pow(3) * 6  # mostly near 0, a tail to −6
+
+
+def scores(topk=None, tokens=None, mask=None, step=3) -> TeacherScores:
+    return TeacherScores(step, token_logprobs=tokens, topk_logprobs=topk, mask=mask)
+
+
+def codes(findings) -> list[str]:
+    return [f.code for f in findings]
+
+
+def test_uniform_topk_rows_are_critical_at_qwen3_vocab():
+    x = torch.full((64, 16), UNIFORM)
+    (f,) = TeacherCollapseCheck().on_teacher_scores(scores(topk=x), KNOWN)
+    assert f.code == Code.TEACHER_UNIFORM and f.severity is Severity.CRITICAL
+    assert f.step == 3
+    assert f.values["uniform_fraction"] == 1.0
+    assert f.values["uniform_logprob"] == pytest.approx(UNIFORM)
+    assert "151936" in f.message and "11.93" in f.message
+
+
+@pytest.mark.parametrize("fraction", [1.0, 0.25, 0.10])
+def test_uniform_sampled_token_fraction(fraction):
+    x = healthy_tokens(1000)
+    n = int(fraction * 1000)
+    x[:n] = UNIFORM
+    (f,) = TeacherCollapseCheck().on_teacher_scores(scores(tokens=x), KNOWN)
+    assert f.code == Code.TEACHER_UNIFORM
+    assert f.values["uniform_fraction"] == pytest.approx(fraction)
+
+
+def test_one_token_at_minus_ln_v_by_chance_is_not_collapse():
+    x = healthy_tokens(1000)
+    x[17] = UNIFORM  # 0.1 % of tokens, below min_token_fraction
+    assert TeacherCollapseCheck().on_teacher_scores(scores(tokens=x), KNOWN) == []
+
+
+@pytest.mark.parametrize("fraction", [0.25, 0.02])
+def test_partial_collapse_of_some_rows_is_flagged(fraction):
+    """One dead replica among many: a quarter (or 2 %) of the rows uniform still counts."""
+    x = healthy_topk(200)
+    n = int(fraction * 200)
+    x[:n] = UNIFORM
+    (f,) = TeacherCollapseCheck().on_teacher_scores(scores(topk=x), KNOWN)
+    assert f.code == Code.TEACHER_UNIFORM
+    assert f.values["uniform_fraction"] == pytest.approx(fraction)
+
+
+@pytest.mark.parametrize("run", [KNOWN, UNKNOWN], ids=["vocab", "no-vocab"])
+def test_confident_teacher_with_all_logprobs_zero_is_not_flagged(run):
+    check = TeacherCollapseCheck()
+    assert check.on_teacher_scores(scores(tokens=torch.zeros(300)), run) == []
+    assert check.on_teacher_scores(scores(topk=torch.zeros(300, 1)), run) == []
+    certain = torch.full((300, 16), -math.inf)
+    certain[:, 0] = 0.0  # all mass on one token: the rest of top-k is −inf
+    assert check.on_teacher_scores(scores(topk=certain), run) == []
+
+
+@pytest.mark.parametrize("run", [KNOWN, UNKNOWN], ids=["vocab", "no-vocab"])
+@pytest.mark.parametrize("value", [-0.25, -2.0, -9.0])
+def test_healthy_teacher_repeating_a_value_is_not_flagged(run, value):
+    """Zero spread is not collapse: the repeated value must be −ln V."""
+    check = TeacherCollapseCheck()
+    assert check.on_teacher_scores(scores(tokens=torch.full((400,), value)), run) == []
+
+
+@pytest.mark.parametrize("run", [KNOWN, UNKNOWN], ids=["vocab", "no-vocab"])
+@pytest.mark.parametrize("seed", range(3))
+def test_healthy_teacher_is_not_flagged(run, seed):
+    check = TeacherCollapseCheck()
+    out = check.on_teacher_scores(
+        scores(topk=healthy_topk(seed=seed), tokens=healthy_tokens(seed=seed)), run
+    )
+    assert out == []
+
+
+@pytest.mark.parametrize("kind", ["topk", "tokens"])
+@pytest.mark.parametrize("bad", [float("nan"), math.inf])
+def test_nan_or_plus_inf_is_nonfinite(kind, bad):
+    x = healthy_topk() if kind == "topk" else healthy_tokens()
+    x.view(-1)[[3, 10, 11]] = bad
+    sc = scores(topk=x) if kind == "topk" else scores(tokens=x)
+    found = TeacherCollapseCheck().on_teacher_scores(sc, KNOWN)
+    (f,) = [f for f in found if f.code == Code.TEACHER_NONFINITE]
+    assert f.severity is Severity.CRITICAL
+    assert f.values["nonfinite"] == 3
+    assert f.values["count"] == x.numel()
+    assert "3 of" in f.message
+    assert Code.TEACHER_UNIFORM not in codes(found)
+
+
+def test_minus_inf_is_allowed_in_topk_but_not_per_token():
+    topk = healthy_topk()
+    topk[:, -4:] = -math.inf  # fewer than k tokens with mass
+    assert TeacherCollapseCheck().on_teacher_scores(scores(topk=topk), KNOWN) == []
+    tokens = healthy_tokens()
+    tokens[5] = -math.inf  # a sampled token cannot have probability 0
+    (f,) = TeacherCollapseCheck().on_teacher_scores(scores(tokens=tokens), KNOWN)
+    assert f.code == Code.TEACHER_NONFINITE and f.values["nonfinite"] == 1
+
+
+def test_mask_hides_padding():
+    x = healthy_topk(20)
+    x[15:] = float("nan")  # padding positions
+    mask = torch.ones(20, dtype=torch.bool)
+    mask[15:] = False
+    assert TeacherCollapseCheck().on_teacher_scores(scores(topk=x, mask=mask), KNOWN) == []
+    t = healthy_tokens(20)
+    t[15:] = UNIFORM
+    assert TeacherCollapseCheck().on_teacher_scores(scores(tokens=t, mask=mask), KNOWN) == []
+    assert codes(TeacherCollapseCheck().on_teacher_scores(scores(tokens=t), KNOWN)) == [
+        Code.TEACHER_UNIFORM
+    ]
+
+
+@pytest.mark.parametrize("vocab", [QWEN3_V, 32000, 154880])
+def test_unknown_vocab_flat_rows_are_flagged_with_inferred_vocab(vocab):
+    x = torch.full((32, 16), -math.log(vocab))
+    (f,) = TeacherCollapseCheck().on_teacher_scores(scores(topk=x), UNKNOWN)
+    assert f.code == Code.TEACHER_UNIFORM and f.severity is Severity.CRITICAL
+    assert f.values["inferred_vocab_size"] == vocab
+    assert str(vocab) in f.message
+
+
+@pytest.mark.parametrize("fraction", [0.25, 0.05])
+def test_unknown_vocab_partial_collapse_is_flagged_with_the_right_vocab(fraction):
+    """The inferred V comes from the flat rows, not from a mean diluted by healthy rows."""
+    x = healthy_topk(200)
+    x[: int(fraction * 200)] = UNIFORM
+    (f,) = TeacherCollapseCheck().on_teacher_scores(scores(topk=x), UNKNOWN)
+    assert f.code == Code.TEACHER_UNIFORM
+    assert f.values["inferred_vocab_size"] == pytest.approx(QWEN3_V, rel=1e-3)
+
+
+def test_unknown_vocab_single_column_topk_is_not_judged():
+    """With k = 1 every row is trivially flat: nothing can be inferred from it."""
+    x = torch.full((50, 1), UNIFORM)
+    assert TeacherCollapseCheck().on_teacher_scores(scores(topk=x), UNKNOWN) == []
+
+
+def test_unknown_vocab_per_token_input_cannot_be_judged():
+    x = torch.full((100,), UNIFORM)
+    assert TeacherCollapseCheck().on_teacher_scores(scores(tokens=x), UNKNOWN) == []
+
+
+def test_topk_and_token_views_of_one_batch_give_one_finding():
+    out = TeacherCollapseCheck().on_teacher_scores(
+        scores(topk=torch.full((10, 4), UNIFORM), tokens=torch.full((10,), UNIFORM)), KNOWN
+    )
+    assert codes(out) == [Code.TEACHER_UNIFORM]
+
+
+@pytest.mark.parametrize(
+    "value,flagged",
+    [(UNIFORM, True), (UNIFORM + 5e-4, True), (UNIFORM + 0.01, False), (-0.35, False)],
+)
+def test_scalar_teacher_logprob_metric(value, flagged):
+    out = TeacherCollapseCheck().on_step_metrics(StepMetrics(7, {"teacher_logprob": value}), KNOWN)
+    assert codes(out) == ([Code.TEACHER_UNIFORM] if flagged else [])
+    if flagged:
+        assert out[0].step == 7 and out[0].severity is Severity.CRITICAL
+
+
+def test_scalar_metric_needs_vocab_and_a_finite_value():
+    check = TeacherCollapseCheck()
+    assert check.on_step_metrics(StepMetrics(1, {"teacher_logprob": UNIFORM}), UNKNOWN) == []
+    assert check.on_step_metrics(StepMetrics(1, {"teacher_logprob": math.nan}), KNOWN) == []
+
+
+def test_tolerance_is_configurable():
+    x = torch.full((10, 4), UNIFORM + 0.004)
+    assert TeacherCollapseCheck().on_teacher_scores(scores(topk=x), KNOWN) == []
+    assert codes(TeacherCollapseCheck(atol=0.01).on_teacher_scores(scores(topk=x), KNOWN)) == [
+        Code.TEACHER_UNIFORM
+    ]

@@ -1,0 +1,106 @@
+"""Shared fixtures: deterministic generators, quiet guards, history files and a CLI runner."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+
+from distill_guard.alerts import Alerter
+from distill_guard.guard import DistillGuard
+
+settings.register_profile(
+    "distill_guard",
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+    derandomize=True,
+)
+settings.load_profile("distill_guard")
+
+# Tiny tensors only: on a 2-core box intra-op threads cost more than they save (a reduction over
+# 64 floats took 4 ms with two threads, 0.1 ms with one).
+torch.set_num_threads(1)
+
+QWEN3_V = 151936
+"""Qwen3's vocabulary: the V of the failed run (DESIGN.md §1)."""
+LN_QWEN3_V = math.log(QWEN3_V)
+
+
+@pytest.fixture(autouse=True)
+def _no_wandb_leaks(tmp_path, monkeypatch):
+    """wandb never reaches the network, writes under tmp_path, and no run outlives a test."""
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_MODE", "disabled")  # tests that want another mode say so
+    yield
+    import sys
+
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and getattr(wandb, "run", None) is not None:
+        wandb.finish()
+
+
+@pytest.fixture
+def gen() -> torch.Generator:
+    return torch.Generator().manual_seed(1234)
+
+
+@pytest.fixture
+def quiet_alerter() -> Alerter:
+    """An alerter that neither logs nor talks to wandb."""
+    return Alerter(use_wandb=False, log_alerts=False)
+
+
+@pytest.fixture
+def make_guard(tmp_path, quiet_alerter):
+    """DistillGuard factory with a quiet alerter and, unless told otherwise, an event file."""
+
+    def factory(*args, events: object = "default", **kwargs) -> DistillGuard:
+        if events == "default":
+            events = tmp_path / "events.jsonl"
+        kwargs.setdefault("alerter", quiet_alerter)
+        return DistillGuard(*args, events=events, **kwargs)
+
+    return factory
+
+
+def write_jsonl(rows: Iterable[dict], path: Path) -> Path:
+    with path.open("w", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(json.dumps(row) + "\n")
+    return path
+
+
+def write_csv(rows: Sequence[dict], path: Path, columns: Sequence[str] | None = None) -> Path:
+    """A wandb-export-shaped CSV: one header, empty cells where a row lacks a key."""
+    if columns is None:
+        columns = sorted({k for r in rows for k in r})
+    with path.open("w", encoding="utf-8", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(columns), restval="")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: r[k] for k in columns if k in r})
+    return path
+
+
+@pytest.fixture
+def run_cli(capsys):
+    """Run ``distill_guard.cli.main`` in-process: (exit code, stdout, stderr)."""
+    from distill_guard.cli import main
+
+    def runner(*argv: str) -> tuple[int, str, str]:
+        try:
+            code = main([str(a) for a in argv])
+        except SystemExit as exc:  # argparse usage errors
+            code = exc.code
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return runner

@@ -1,0 +1,154 @@
+"""Alerts: logged always, sent to wandb on rank 0 only, throttled per title, never fatal."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from distill_guard import alerts
+from distill_guard.alerts import MAX_TITLE, Alerter, alert_title
+
+
+class FakeRun:
+    """Records alerts like a wandb Run; optionally refuses them."""
+
+    def __init__(self, exc: Exception | None = None) -> None:
+        self.calls: list[dict] = []
+        self.exc = exc
+
+    def alert(self, **kwargs):
+        self.calls.append(kwargs)
+        if self.exc is not None:
+            raise self.exc
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def no_global_wandb(monkeypatch):
+    """Fail the test if the alerter looks up a global wandb run."""
+
+    def forbidden():
+        raise AssertionError("the alerter looked for a wandb run")
+
+    monkeypatch.setattr(alerts, "_active_wandb_run", forbidden)
+
+
+def test_disabled_wandb_run_is_a_silent_no_op():
+    import wandb
+
+    run = wandb.init(mode="disabled")
+    try:
+        assert wandb.run is run
+        # handed to the no-op run without an exception, through wandb.run and explicitly
+        assert Alerter(log_alerts=False).alert("distill_guard: t", "text", "ERROR") is True
+        assert Alerter(run=run, log_alerts=False).alert("distill_guard: t2", "text") is True
+    finally:
+        wandb.finish()
+
+
+def test_offline_wandb_run_accepts_the_alert(tmp_path, monkeypatch):
+    import wandb
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    run = wandb.init(mode="offline", dir=str(tmp_path), project="distill-guard-tests")
+    try:
+        assert wandb.run is run
+        assert Alerter(log_alerts=False).alert("distill_guard: offline", "text", "WARN") is True
+    finally:
+        wandb.finish()
+
+
+def test_no_active_run_sends_nothing(monkeypatch):
+    monkeypatch.setattr(alerts, "_active_wandb_run", lambda: None)
+    assert Alerter(log_alerts=False).alert("t", "x") is False
+
+
+def test_a_raising_client_is_reported_not_raised():
+    errors: list[tuple[str, Exception]] = []
+    run = FakeRun(RuntimeError("You must call wandb.init() before wandb.alert()"))
+    a = Alerter(run=run, on_error=lambda t, e: errors.append((t, e)), log_alerts=False)
+    assert a.alert("distill_guard: boom", "text", "ERROR") is False
+    assert len(run.calls) == 1
+    assert [(t, type(e)) for t, e in errors] == [("distill_guard: boom", RuntimeError)]
+
+
+def test_a_raising_client_without_on_error_is_still_not_raised(caplog):
+    a = Alerter(run=FakeRun(ValueError("bad")), log_alerts=False)
+    with caplog.at_level(logging.WARNING, logger="distill_guard"):
+        assert a.alert("t", "x") is False
+    assert "failed" in caplog.text
+
+
+def test_throttle_per_title_with_an_injected_clock():
+    clock, run = Clock(), FakeRun()
+    a = Alerter(run=run, clock=clock, min_interval_s=600, log_alerts=False)
+    assert a.alert("A", "1") is True
+    clock.now += 10
+    assert a.alert("A", "2") is False  # throttled
+    assert a.alert("B", "3") is True  # another title is not
+    clock.now += 589
+    assert a.alert("A", "4") is False  # 599 s after the first
+    clock.now += 1
+    assert a.alert("A", "5") is True  # 600 s: due again
+    assert [c["text"] for c in run.calls] == ["1", "3", "5"]
+    assert all(c["wait_duration"] == 600 for c in run.calls)
+
+
+def test_levels_map_to_wandb_alert_levels():
+    import wandb
+
+    run = FakeRun()
+    a = Alerter(run=run, min_interval_s=0, log_alerts=False)
+    for level in ("INFO", "WARN", "ERROR"):
+        a.alert(f"t-{level}", "x", level)
+    assert [c["level"] for c in run.calls] == [
+        wandb.AlertLevel.INFO,
+        wandb.AlertLevel.WARN,
+        wandb.AlertLevel.ERROR,
+    ]
+    with pytest.raises(ValueError, match="level"):
+        a.alert("t", "x", "FATAL")
+
+
+@pytest.mark.parametrize("rank", [1, 7])
+def test_only_rank_zero_talks_to_wandb(rank, no_global_wandb, caplog):
+    run = FakeRun()
+    a = Alerter(rank=rank, run=run)
+    with caplog.at_level(logging.WARNING, logger="distill_guard"):
+        assert a.alert("distill_guard: x", "text", "ERROR") is False
+    assert run.calls == []
+    assert "distill_guard: x" in caplog.text  # still logged locally
+
+
+def test_use_wandb_false_never_looks_for_a_run(no_global_wandb):
+    assert Alerter(use_wandb=False, log_alerts=False).alert("t", "x") is False
+
+
+def test_every_alert_is_logged_at_its_level(caplog):
+    a = Alerter(use_wandb=False)
+    with caplog.at_level(logging.INFO, logger="distill_guard"):
+        a.alert("t1", "info text", "INFO")
+        a.alert("t2", "warn text", "WARN")
+        a.alert("t3", "error text", "ERROR")
+    levels = {r.getMessage().split(":")[0]: r.levelno for r in caplog.records}
+    assert levels == {"t1": logging.INFO, "t2": logging.WARNING, "t3": logging.ERROR}
+
+
+def test_titles_fit_wandb_and_are_stable():
+    long_code = "teacher." + "x" * 200
+    t = alert_title(long_code, "rewake")
+    assert len(t) <= MAX_TITLE == 63
+    assert t == alert_title(long_code, "rewake")  # same fault, same title: throttling works
+    assert alert_title("teacher.uniform") == "distill_guard: teacher.uniform"
+    assert alert_title("teacher.uniform", "halt") == "distill_guard halt: teacher.uniform"
+    run = FakeRun()
+    Alerter(run=run, log_alerts=False).alert("y" * 100, "x")
+    assert len(run.calls[0]["title"]) <= 63

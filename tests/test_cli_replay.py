@@ -1,0 +1,283 @@
+"""`distill-guard replay` end to end: the issue's acceptance criteria, output formats, bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from distill_guard.findings import Code
+from distill_guard.history import load_history
+from distill_guard.replay import replay
+from distill_guard.synthetic import collapsed_history, healthy_history, uniform_teacher_history
+from tests.conftest import QWEN3_V, write_csv, write_jsonl
+
+REPO = Path(__file__).resolve().parents[1]
+SEVERITIES = {"info", "warn", "critical"}
+
+
+def as_json(out: str) -> dict:
+    return json.loads(out)
+
+
+def check_schema(result: dict) -> None:
+    """Exactly {"findings": [{step, code, severity, message}], "first": {code: step},
+    "halt_step": int | null}."""
+    assert set(result) == {"findings", "first", "halt_step"}
+    assert isinstance(result["findings"], list)
+    for f in result["findings"]:
+        assert set(f) == {"step", "code", "severity", "message"}
+        assert isinstance(f["step"], int) and isinstance(f["code"], str)
+        assert f["severity"] in SEVERITIES and f["message"]
+    assert isinstance(result["first"], dict)
+    # first is derived from findings: the earliest step of each code, nothing else
+    expected_first: dict[str, int] = {}
+    for f in result["findings"]:
+        expected_first.setdefault(f["code"], f["step"])
+    assert result["first"] == expected_first
+    assert result["halt_step"] is None or isinstance(result["halt_step"], int)
+
+
+@pytest.fixture
+def collapsed(tmp_path) -> Path:
+    return write_jsonl(collapsed_history(), tmp_path / "collapsed.jsonl")
+
+
+# ---------------------------------------------------------------- acceptance criteria
+
+
+@pytest.mark.parametrize("vocab", [[], ["--vocab-size", QWEN3_V]], ids=["no-vocab", "vocab"])
+def test_a_failed_run_is_flagged_at_step_0_and_halted_by_step_5(run_cli, collapsed, vocab):
+    rows = list(collapsed_history())
+    assert rows[0]["train/loss"] == pytest.approx(0.688, abs=1e-3)  # the run we think we replay
+    code, out, err = run_cli("replay", collapsed, "--json", "--beta", "0.5", *vocab)
+    assert code == 1, err
+    result = as_json(out)
+    check_schema(result)
+    assert result["first"][Code.LOSS_JSD_CEILING] == 0
+    assert min(result["first"].values()) == 0
+    assert result["halt_step"] is not None and result["halt_step"] <= 5
+    step0 = [f for f in result["findings"] if f["step"] == 0]
+    assert any(f["severity"] == "critical" for f in step0)
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("vocab", [[], ["--vocab-size", QWEN3_V]], ids=["no-vocab", "vocab"])
+def test_a_healthy_run_is_left_alone(run_cli, tmp_path, seed, vocab):
+    rows = list(healthy_history(400, seed=seed, spike_step=200))
+    losses = [r["train/loss"] for r in rows]
+    assert max(losses) == 0.3 and sorted(losses)[-2] < 0.05  # one isolated spike
+    path = write_jsonl(rows, tmp_path / f"healthy{seed}.jsonl")
+    code, out, err = run_cli("replay", path, "--json", *vocab)
+    result = as_json(out)
+    check_schema(result)
+    loud = [f for f in result["findings"] if f["severity"] != "info"]
+    assert loud == [], loud[:3]
+    assert result["halt_step"] is None
+    assert code == 0, err
+
+
+def test_info_findings_alone_exit_0(run_cli, tmp_path):
+    """A student sharpening on a confident teacher is recorded (info), not reported as a fault."""
+    rows = [
+        {
+            "train/step": t,
+            "train/loss": 0.02,
+            "train/entropy_loss": (1.0 if t < 80 else 0.3) + 0.05 * ((t * 7) % 5 - 2),
+        }
+        for t in range(150)
+    ]
+    path = write_jsonl(rows, tmp_path / "sharpening.jsonl")
+    code, out, err = run_cli("replay", path, "--json")
+    result = as_json(out)
+    assert set(result["first"]) == {Code.STUDENT_ENTROPY_DROP}
+    assert {f["severity"] for f in result["findings"]} == {"info"}
+    assert result["halt_step"] is None
+    assert code == 0, err
+
+
+def test_a_uniform_teacher_metric_is_flagged_from_step_1(run_cli, tmp_path):
+    rows = list(uniform_teacher_history(50))
+    assert rows[0]["rollout/teacher_log_probs"] != pytest.approx(-math.log(QWEN3_V))
+    assert rows[1]["rollout/teacher_log_probs"] == pytest.approx(-math.log(QWEN3_V))
+    path = write_jsonl(rows, tmp_path / "uniform.jsonl")
+    code, out, _ = run_cli("replay", path, "--json", "--vocab-size", QWEN3_V)
+    result = as_json(out)
+    check_schema(result)
+    assert result["first"][Code.TEACHER_UNIFORM] == 1
+    assert code == 1
+    # without V the −ln V test cannot be made: it says nothing rather than guess
+    code, out, _ = run_cli("replay", path, "--json")
+    assert Code.TEACHER_UNIFORM not in as_json(out)["first"]
+
+
+def test_subprocess_entry_point(collapsed):
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "distill_guard.cli", "replay", str(collapsed), "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert proc.returncode == 1, proc.stderr
+    result = json.loads(proc.stdout)
+    check_schema(result)
+    assert result["first"][Code.LOSS_JSD_CEILING] == 0
+
+
+# ---------------------------------------------------------------- formats and options
+
+
+def test_json_equals_the_library_result(run_cli, collapsed):
+    _, out, _ = run_cli("replay", collapsed, "--json", "--vocab-size", QWEN3_V)
+    lib = replay(load_history(collapsed), "default", [f"run.vocab_size={QWEN3_V}"])
+    assert as_json(out) == json.loads(json.dumps(lib.to_json()))
+
+
+def test_table_output_names_findings_and_decision(run_cli, collapsed):
+    code, out, _ = run_cli("replay", collapsed)
+    assert code == 1
+    assert f"{collapsed}" in out and "189 steps" in out
+    line = next(ln for ln in out.splitlines() if ln.startswith(Code.LOSS_JSD_CEILING))
+    assert line.split()[1:3] == ["critical", "0"]
+    assert "Decision:" in out and "rewake at step 0" in out
+
+
+def test_wandb_csv_export_replays_like_the_jsonl(run_cli, tmp_path):
+    rows = list(collapsed_history())
+    for r in rows:
+        r["_step"] = r.pop("train/step")
+    columns = [
+        "_step",
+        "train/loss",
+        "train/entropy_loss",
+        "rollout/truncated_ratio",
+        "eval/sciknoweval-biology",
+    ]
+    csv_path = write_csv(rows, tmp_path / "export.csv", columns)
+    assert ",," in csv_path.read_text() or csv_path.read_text().count(",\n") > 0  # empty cells
+    jsonl_path = write_jsonl(rows, tmp_path / "same.jsonl")
+    code_csv, out_csv, err = run_cli("replay", csv_path, "--json")
+    code_jsonl, out_jsonl, _ = run_cli("replay", jsonl_path, "--json")
+    assert code_csv == code_jsonl == 1, err
+    a, b = as_json(out_csv), as_json(out_jsonl)
+    assert [(f["step"], f["code"]) for f in a["findings"]] == [
+        (f["step"], f["code"]) for f in b["findings"]
+    ]
+    assert a["first"] == b["first"] and a["halt_step"] == b["halt_step"]
+
+
+def test_key_remaps_a_role(run_cli, tmp_path):
+    rows = [{"it": r["train/step"], "distill/jsd": r["train/loss"]} for r in collapsed_history(30)]
+    path = write_jsonl(rows, tmp_path / "renamed.jsonl")
+    code, _, err = run_cli("replay", path, "--json")
+    assert code == 2 and "train/loss" in err and "--key loss=NAME" in err
+    code, out, err = run_cli("replay", path, "--json", "--key", "loss=distill/jsd")
+    assert code == 1, err
+    assert as_json(out)["first"][Code.LOSS_JSD_CEILING] == 0
+
+
+def test_loss_scale_and_beta_reach_the_checks(run_cli, tmp_path):
+    rows = [{"train/step": t, "train/loss": 0.688 * 4} for t in range(3)]
+    path = write_jsonl(rows, tmp_path / "scaled.jsonl")
+    _, out, _ = run_cli("replay", path, "--json")
+    assert set(as_json(out)["first"]) == {Code.LOSS_ABOVE_CEILING}
+    _, out, _ = run_cli("replay", path, "--json", "--loss-scale", "4")
+    assert set(as_json(out)["first"]) == {Code.LOSS_JSD_CEILING}
+    _, out, _ = run_cli("replay", path, "--json", "--loss", "reverse_kl")
+    assert as_json(out)["first"] == {}
+
+
+def test_monitor_only_preset_reports_what_it_would_have_done(run_cli, collapsed):
+    code, out, _ = run_cli("replay", collapsed, "--json", "--preset", "monitor_only")
+    result = as_json(out)
+    assert code == 1 and result["halt_step"] == 0  # the intended rewake counts
+
+
+def test_set_overrides_the_guard_config(run_cli, tmp_path):
+    rows = [{"train/step": t, "train/loss": 0.6} for t in range(3)]  # 87 % of ln 2
+    path = write_jsonl(rows, tmp_path / "h.jsonl")
+    code, out, _ = run_cli("replay", path, "--json")
+    assert code == 0 and as_json(out)["findings"] == []
+    code, out, _ = run_cli(
+        "replay", path, "--json", "--set", "checks.jsd_ceiling.fraction_of_ceiling=0.8"
+    )
+    assert code == 1 and as_json(out)["first"] == {Code.LOSS_JSD_CEILING: 0}
+
+
+def test_plot_writes_a_png(run_cli, collapsed, tmp_path):
+    png = tmp_path / "timeline.png"
+    code, out, _ = run_cli("replay", collapsed, "--plot", png)
+    assert code == 1
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"plot written to {png}" in out
+
+
+def test_nan_loss_is_a_finding_not_a_crash(run_cli, tmp_path):
+    rows = list(healthy_history(40, seed=0, spike_step=None))
+    rows[12]["train/loss"] = float("nan")
+    path = write_jsonl(rows, tmp_path / "nan.jsonl")
+    assert "NaN" in path.read_text()
+    code, out, err = run_cli("replay", path, "--json")
+    assert code == 1, err
+    result = as_json(out)
+    assert result["first"] == {Code.METRIC_NONFINITE: 12}
+    assert result["findings"][0]["severity"] == "critical"
+
+
+# ---------------------------------------------------------------- bad input: exit 2, one line
+
+
+def _bad_inputs(tmp: Path) -> list[tuple[list, str]]:
+    def file(name: str, text: str) -> Path:
+        p = tmp / name
+        p.write_text(text)
+        return p
+
+    good = write_jsonl(collapsed_history(10), tmp / "good.jsonl")
+    return [
+        (
+            [file("malformed.jsonl", '{"train/loss": 0.1}\n{"train/loss": \n')],
+            "malformed.jsonl:2: not valid JSON",
+        ),
+        (
+            [file("noloss.jsonl", '{"x": 1}\n')],
+            "noloss.jsonl: metric 'train/loss' (role loss) is in none",
+        ),
+        (
+            [file("text.jsonl", '{"train/loss": "high"}\n')],
+            "text.jsonl:1: value of 'train/loss' is 'high'",
+        ),
+        ([good, "--preset", "paranoid"], "unknown preset 'paranoid'"),
+        ([file("empty.jsonl", "")], "empty.jsonl: file is empty"),
+        ([file("header.csv", "_step,train/loss\n")], "header.csv: file has a header but no rows"),
+        ([tmp / "missing.jsonl"], "missing.jsonl: file not found"),
+        ([good, "--key", "loss"], "expected ROLE=NAME, got 'loss'"),
+        ([good, "--key", "=train/loss"], "expected ROLE=NAME"),
+        ([good, "--key", "lost=train/loss"], "unknown role 'lost'"),
+        ([good, "--beta", "1.5"], "beta"),
+        ([good, "--vocab-size", "1"], "vocab_size"),
+        ([good, "--set", "checks.nope.x=1"], "bad guard setting"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(13))
+def test_bad_input_exits_2_with_a_message_naming_the_problem(run_cli, tmp_path, case):
+    cases = _bad_inputs(tmp_path)
+    assert len(cases) == 13
+    args, expected = cases[case]
+    code, out, err = run_cli("replay", *args)
+    assert code == 2
+    assert expected in err
+    assert out == ""
+    assert "Traceback" not in err
