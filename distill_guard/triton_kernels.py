@@ -10,8 +10,6 @@ importable; tested on CPU through Triton's interpreter (``TRITON_INTERPRET=1``).
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
@@ -20,82 +18,66 @@ BLOCK = 4096
 
 
 @triton.jit
-def _online_update(m, s, x):
-    """Running max ``m`` and rescaled sum ``s`` of exp, per lane; -inf lanes stay neutral."""
-    m_new = tl.maximum(m, x)
+def _block_update(m, s, x):
+    """Fold one block into the running (max ``m``, sum ``s`` of exp(x - m)) of a row.
+
+    The max is a scalar per block, so the rescale costs one exp per block, not per element:
+    the kernels are bound by the exp unit long before memory on Hopper.
+    """
+    m_new = tl.maximum(m, tl.max(x, axis=0))
     safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp(m - safe)
-    p = tl.exp(x - safe)
-    return m_new, s * alpha + p, alpha, p
-
-
-@triton.jit
-def _lane_combine(m, s):
-    """Reduce per-lane (max, sum) to the row's log-sum-exp."""
-    big = tl.max(m, axis=0)
-    safe = tl.where(big == float("-inf"), 0.0, big)
-    total = tl.sum(s * tl.exp(m - safe), axis=0)
-    return safe + tl.log(total)
+    alpha = tl.exp2((m - safe) * 1.4426950408889634)
+    p = tl.exp2((x - safe) * 1.4426950408889634)
+    return m_new, s * alpha + tl.sum(p, axis=0), alpha, p
 
 
 @triton.jit
 def _entropy_kernel(x_ptr, out_ptr, n_cols, stride_row, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     base = x_ptr + row * stride_row
-    m = tl.full([BLOCK], float("-inf"), tl.float32)
-    s = tl.zeros([BLOCK], tl.float32)
-    w = tl.zeros([BLOCK], tl.float32)  # running sum of p * x, rescaled like s
+    m = float("-inf")
+    s = 0.0
+    w = 0.0  # running sum of p * x, rescaled like s
     for start in range(0, n_cols, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         x = tl.load(base + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
-        m, s, alpha, p = _online_update(m, s, x)
-        w = w * alpha + tl.where(p > 0, p * x, 0.0)
-    big = tl.max(m, axis=0)
-    safe = tl.where(big == float("-inf"), 0.0, big)
-    scale = tl.exp(m - safe)
-    total = tl.sum(s * scale, axis=0)
-    weighted = tl.sum(w * scale, axis=0)
-    # H = log Z - E[x] with Z = sum exp(x): lse - weighted / total
-    tl.store(out_ptr + row, safe + tl.log(total) - weighted / total)
+        m, s, alpha, p = _block_update(m, s, x)
+        w = w * alpha + tl.sum(tl.where(p > 0, p * x, 0.0), axis=0)
+    safe = tl.where(m == float("-inf"), 0.0, m)
+    # H = log Z - E[x], with log Z = m + log s and E[x] = w / s
+    tl.store(out_ptr + row, safe + tl.log(s) - w / s)
 
 
 @triton.jit
-def _jsd_kernel(
-    s_ptr, t_ptr, out_ptr, n_cols, stride_s, stride_t, beta, log_1mb, log_b, BLOCK: tl.constexpr
-):
+def _jsd_kernel(s_ptr, t_ptr, out_ptr, n_cols, stride_s, stride_t, beta, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     s_base = s_ptr + row * stride_s
     t_base = t_ptr + row * stride_t
-    ms = tl.full([BLOCK], float("-inf"), tl.float32)
-    mt = tl.full([BLOCK], float("-inf"), tl.float32)
-    ss = tl.zeros([BLOCK], tl.float32)
-    st = tl.zeros([BLOCK], tl.float32)
+    ms = float("-inf")
+    mt = float("-inf")
+    ss = 0.0
+    st = 0.0
     for start in range(0, n_cols, BLOCK):  # pass 1: both log-normalisers
         cols = start + tl.arange(0, BLOCK)
         mask = cols < n_cols
         a = tl.load(s_base + cols, mask=mask, other=float("-inf")).to(tl.float32)
         b = tl.load(t_base + cols, mask=mask, other=float("-inf")).to(tl.float32)
-        ms, ss, _a1, _p1 = _online_update(ms, ss, a)
-        mt, st, _a2, _p2 = _online_update(mt, st, b)
-    lse_s = _lane_combine(ms, ss)
-    lse_t = _lane_combine(mt, st)
+        ms, ss, _a1, _p1 = _block_update(ms, ss, a)
+        mt, st, _a2, _p2 = _block_update(mt, st, b)
+    lse_s = tl.where(ms == float("-inf"), 0.0, ms) + tl.log(ss)
+    lse_t = tl.where(mt == float("-inf"), 0.0, mt) + tl.log(st)
     acc = tl.zeros([BLOCK], tl.float32)
-    for start in range(0, n_cols, BLOCK):  # pass 2: the divergence (row is hot in L2)
+    for start in range(0, n_cols, BLOCK):  # pass 2: the divergence (the row is hot in L2)
         cols = start + tl.arange(0, BLOCK)
         mask = cols < n_cols
         ls = tl.load(s_base + cols, mask=mask, other=float("-inf")).to(tl.float32) - lse_s
         lt = tl.load(t_base + cols, mask=mask, other=float("-inf")).to(tl.float32) - lse_t
-        x1 = ls + log_1mb
-        x2 = lt + log_b
-        hi = tl.maximum(x1, x2)
-        safe = tl.where(hi == float("-inf"), 0.0, hi)
-        lm = safe + tl.log(tl.exp(x1 - safe) + tl.exp(x2 - safe))
-        ps = tl.exp(ls)
-        pt = tl.exp(lt)
-        term = (1.0 - beta) * tl.where(ps > 0, ps * (ls - lm), 0.0) + beta * tl.where(
+        ps = tl.exp2(ls * 1.4426950408889634)
+        pt = tl.exp2(lt * 1.4426950408889634)
+        lm = tl.log((1.0 - beta) * ps + beta * pt)  # the mixture, formed in probability space
+        acc += (1.0 - beta) * tl.where(ps > 0, ps * (ls - lm), 0.0) + beta * tl.where(
             pt > 0, pt * (lt - lm), 0.0
         )
-        acc += term
     tl.store(out_ptr + row, tl.sum(acc, axis=0))
 
 
@@ -132,8 +114,6 @@ def triton_jsd(
             s.stride(0),
             t.stride(0),
             beta,
-            math.log1p(-beta),
-            math.log(beta),
             BLOCK=block,
             num_warps=8,
         )
