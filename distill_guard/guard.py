@@ -328,7 +328,7 @@ class DistillGuard:
             max_attempts=self.repair_attempts,
             backoff_s=self.repair_backoff_s,
             on_event=lambda kind, payload: self.events.write(
-                kind, stage=stage, step=decision.step, **payload
+                kind, stage=stage, **{**payload, "step": decision.step}
             ),
         )
         self.summary.repairs += int(outcome.ok)
