@@ -340,3 +340,49 @@ def test_configuration_from_the_environment(tmp_path, monkeypatch):
     assert st.guard.run.vocab_size == VOCAB and st.guard.run.loss is LossKind.REVERSE_KL
     assert st.guard.run.beta == 0.1 and st.teacher is None
     assert st.halt_marker == tmp_path / "ev.halt.json"
+
+
+def test_repair_and_rescore_against_the_reference_server(tmp_path, monkeypatch):
+    """The real path: an SGLang-protocol server whose teacher woke without its weights."""
+    ref = pytest.importorskip("distill_guard.teachers.reference_server")
+    from distill_guard.teachers import SGLangHTTPTeacher, TorchTeacher
+    from distill_guard.teachers.tiny import build_tiny_qwen3
+
+    try:
+        from distill_guard.checks.canary import CanaryCheck
+
+        canary = CanaryCheck(length=16)
+    except ImportError:
+        canary = StandInCanary()
+    install_standin_repair(monkeypatch)  # only where distill_guard.repair is absent
+    model_dir = build_tiny_qwen3(tmp_path / "teacher", vocab_size=VOCAB)
+    local = TorchTeacher.from_pretrained(
+        model_dir, enable_memory_saver=True, enable_cpu_backup=False
+    )
+    with ref.serve_in_thread(ref.ReferenceServer(local)) as url:
+        guard_side = SGLangHTTPTeacher(url, timeout_s=10)
+        relax_side = SGLangHTTPTeacher(url, timeout_s=10)  # Relax's TeacherManager's own handle
+        expected = [s.teacher_log_probs for s in make_samples(guard_side)]
+        st = relax.configure(
+            "default",
+            guard_overrides=overrides(tmp_path),
+            args=ARGS,
+            teacher=guard_side,
+            canary=canary,
+        )
+        assert st.guard.run.vocab_size == VOCAB
+        relax_side.release()  # the colocated sleep/wake, without a weights backup
+        relax_side.resume()
+        dead = make_samples(guard_side)
+        assert all(abs(v - UNIFORM) < 1e-4 for s in dead for v in s.teacher_log_probs)
+        metrics = {}
+        assert relax.rollout_log_function(0, ARGS, dead, metrics, 1.0) is False
+        assert metrics["guard/teacher_uniform_sample_frac"] == 1.0
+        assert metrics["guard/repairs"] == 1 and metrics["guard/rescored_samples"] == 4
+        for s, want in zip(dead, expected):
+            assert s.teacher_log_probs == pytest.approx(want, abs=1e-4)
+        assert not st.guard.halted
+        guard_side.close()
+        relax_side.close()
+    kinds = [e["kind"] for e in events(tmp_path / "events.jsonl")]
+    assert "rescore" in kinds and "halt" not in kinds
