@@ -5,21 +5,19 @@ decides, adapters translate). It collects the teacher's top-k logprobs of every 
 the guard once per optimizer step whether to take the step, and feeds the step's metrics after
 it::
 
-    guard = build_guard(compose_guard_config("default", ["events_path=guard.jsonl"]))
-    sg = StepGuard(guard)
+    sg = StepGuard("default", ["events_path=guard.jsonl"])
     for step, batch in enumerate(loader):
         with torch.no_grad():
-            t_logits = teacher(batch["input_ids"]).logits
+            t_logits = teacher(**batch).logits
         sg.observe_teacher_logits(t_logits, mask=batch["attention_mask"])
-        loss = distill_loss(student(batch["input_ids"]).logits, t_logits)
+        loss = distill_loss(student(**batch).logits, t_logits)
         loss.backward()
-        if sg.before_update(step):  # False: skip this update (dead teacher, NaN, halt)
+        if sg.before_update(step):  # False: dead teacher, NaN loss or halt
             optimizer.step()
         optimizer.zero_grad()
         sg.after_update(step, {"loss": loss.item()})
         if sg.halted:
-            save_checkpoint()
-            break
+            break  # save a checkpoint first; the event file says why
 
 Full-vocabulary logits are reduced in row chunks (:data:`distill_guard.signals.DEFAULT_CHUNK_ROWS`)
 to the top-k logprobs (and, with labels, the sampled-token logprobs): the guard never holds an
@@ -153,6 +151,7 @@ class StepGuard:
 
     Args:
         guard: the guard (or a preset name / config node, see :func:`resolve_guard`).
+        overrides: Hydra overrides of a preset or config node (``"events_path=guard.jsonl"``).
         top_k: teacher top-k kept per position when reducing full logits.
         chunk_rows: rows per float32 chunk when reducing full logits.
         learn_vocab_size: when the guard's ``run.vocab_size`` is unset, take it from the logits'
@@ -162,12 +161,13 @@ class StepGuard:
     def __init__(
         self,
         guard: GuardLike = None,
+        overrides: Sequence[str] = (),
         *,
         top_k: int = 16,
         chunk_rows: int = DEFAULT_CHUNK_ROWS,
         learn_vocab_size: bool = True,
     ) -> None:
-        self.guard = resolve_guard(guard)
+        self.guard = resolve_guard(guard, overrides)
         self.top_k = top_k
         self.chunk_rows = chunk_rows
         self.learn_vocab_size = learn_vocab_size
