@@ -97,7 +97,7 @@ class DistillGuardCallback(pl.Callback):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         attach(self.guard, timeout_s=self.consensus_timeout_s)
-        if stage == "fit" and self.teacher_attr and not self.step_guard._handles:
+        if stage == "fit" and self.teacher_attr and not self.step_guard.watching:
             teacher = getattr(pl_module, self.teacher_attr, None)
             if isinstance(teacher, torch.nn.Module):
                 self.step_guard.watch(teacher)
@@ -131,7 +131,10 @@ class DistillGuardCallback(pl.Callback):
         if not self.step_guard.halted:
             metrics = map_metrics(trainer.callback_metrics, self.metric_keys)
             self.step_guard.after_update(step, metrics)
-        if self.step_guard.halted and not self._stopped:
+        halt = self.step_guard.halted
+        if trainer.world_size > 1:  # already agreed by the reducer; the strategy makes it certain
+            halt = trainer.strategy.reduce_boolean_decision(halt, all=False)
+        if halt and not self._stopped:
             self._halt(trainer, step)
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -159,7 +162,7 @@ class DistillGuardCallback(pl.Callback):
 
     def _halt(self, trainer: pl.Trainer, step: int) -> None:
         self._stopped = True
-        reason = self.step_guard.halt_reason
+        reason = self.step_guard.halt_reason or "another rank halted"
         if self.save_on_halt:
             root = Path(self.dirpath or Path(trainer.default_root_dir) / "checkpoints")
             path = root / f"distill_guard-halt-step={step}.ckpt"

@@ -264,13 +264,21 @@ class StepGuard:
                 log.debug("distill_guard: teacher forward returned no logits; not observed")
                 return
             mask = kwargs.get("attention_mask")
-            if mask is not None and mask.shape != logits.shape[:-1]:
+            if not isinstance(mask, torch.Tensor) or mask.shape != logits.shape[:-1]:
                 mask = None
-            self.observe_teacher_logits(logits, mask=mask)
+            try:
+                self.observe_teacher_logits(logits, mask=mask)
+            except Exception:  # noqa: BLE001 - the guard must not break the teacher's forward
+                log.exception("distill_guard: could not observe the teacher's logits")
 
         handle = module.register_forward_hook(hook, with_kwargs=True)
         self._handles.append(handle)
         return handle
+
+    @property
+    def watching(self) -> bool:
+        """True while a hook installed by :meth:`watch` is in place."""
+        return bool(self._handles)
 
     def unwatch(self) -> None:
         for h in self._handles:

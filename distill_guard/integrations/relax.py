@@ -319,7 +319,12 @@ def rollout_log_function(
     if st.guard.halted:  # a later step after a mark-mode halt: nothing of it may train
         st.halt(samples)
         return False
-    metrics = st.check_rollout(rollout_id, samples)
+    try:
+        metrics = st.check_rollout(rollout_id, samples)
+    except Exception as exc:  # noqa: BLE001 - the guard's own fault must not stop the run
+        log.exception("distill_guard: the rollout check failed at step %s", rollout_id)
+        st.guard.events.write("guard_error", step=rollout_id, error=f"{type(exc).__name__}: {exc}")
+        metrics = {"guard/error": 1.0}
     if rollout_extra_metrics is not None:
         rollout_extra_metrics.update(metrics)
     if st.guard.halted:
@@ -418,24 +423,30 @@ class TeacherCollapseFeedbackMixin:
         self.guard_collapsed = 0
 
     def check_transfer_channels(self, sample: Any, channels: Any, top_k: int) -> Any:
-        values = channels.get(TOPK_FIELD) if hasattr(channels, "get") else None
-        if values is not None:
-            rows = _as_rows(values, getattr(sample, TOPK_LEN_FIELD, None))
-            scores = TeacherScores(getattr(sample, "index", 0) or 0, topk_logprobs=rows)
-            bad = [
-                f
-                for f in self.guard_check.on_teacher_scores(scores, self.guard_run)
-                if f.severity is Severity.CRITICAL
-            ]
-            if bad:
-                self.guard_collapsed += 1
-                if self.guard_on_collapse == "raise":
-                    raise TeacherCollapseError(bad[0].message)
-                if hasattr(sample, SAMPLE_MASK_FIELD):
-                    setattr(sample, SAMPLE_MASK_FIELD, False)
-                log.error("distill_guard: sample dropped from the SDPO loss: %s", bad[0].message)
+        bad = self._guard_judge(sample, channels)
+        if bad is not None:
+            self.guard_collapsed += 1
+            if self.guard_on_collapse == "raise":
+                raise TeacherCollapseError(bad.message)
+            if hasattr(sample, SAMPLE_MASK_FIELD):
+                setattr(sample, SAMPLE_MASK_FIELD, False)
+            log.error("distill_guard: sample dropped from the SDPO loss: %s", bad.message)
         parent = getattr(super(), "check_transfer_channels", None)
         return parent(sample, channels, top_k) if parent is not None else None
+
+    def _guard_judge(self, sample: Any, channels: Any) -> Any:
+        """The first critical finding on the sample's teacher top-K, or None (also on bad data)."""
+        try:
+            values = channels.get(TOPK_FIELD) if hasattr(channels, "get") else None
+            if values is None:
+                return None
+            rows = _as_rows(values, getattr(sample, TOPK_LEN_FIELD, None))
+            scores = TeacherScores(getattr(sample, "index", 0) or 0, topk_logprobs=rows)
+            found = self.guard_check.on_teacher_scores(scores, self.guard_run)
+        except Exception:  # noqa: BLE001 - the guard's own fault must not fail the sample
+            log.exception("distill_guard: could not check a sample's teacher top-K")
+            return None
+        return next((f for f in found if f.severity is Severity.CRITICAL), None)
 
 
 class _NoRelaxFeedback:

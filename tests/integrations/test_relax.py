@@ -386,3 +386,17 @@ def test_repair_and_rescore_against_the_reference_server(tmp_path, monkeypatch):
         relax_side.close()
     kinds = [e["kind"] for e in events(tmp_path / "events.jsonl")]
     assert "rescore" in kinds and "halt" not in kinds
+
+
+def test_a_malformed_sample_never_crashes_the_rollout(tmp_path):
+    relax.configure("default", guard_overrides=overrides(tmp_path), args=ARGS, repair=False)
+    bad = Sample([1, 2, 3], 2, teacher_log_probs=[[1.0, 2.0], [3.0]])  # ragged: not a vector
+    metrics = {}
+    assert relax.rollout_log_function(0, ARGS, [bad], metrics, 1.0) is False
+    assert metrics == {"guard/error": 1.0}
+    assert [e["kind"] for e in events(tmp_path / "events.jsonl")] == ["guard_error"]
+    fb = relax.GuardedOPDFeedback()
+    assert (
+        fb.check_transfer_channels(bad, {"opd_topk_teacher_log_probs": [[1.0], [2.0, 3.0]]}, 2)
+        is None
+    )
