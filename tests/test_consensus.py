@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import os
@@ -135,7 +136,11 @@ def _worker(rank, port, scenario, outdir):
     torch.set_num_threads(1)
     out = Path(outdir)
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=WORLD,
+        timeout=datetime.timedelta(seconds=20),  # a crashed peer fails the test, not hangs it
     )
     try:
         result = globals()[scenario](rank, out)

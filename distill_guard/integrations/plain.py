@@ -12,12 +12,15 @@ it::
         sg.observe_teacher_logits(t_logits, mask=batch["attention_mask"])
         loss = distill_loss(student(**batch).logits, t_logits)
         loss.backward()
-        if sg.before_update(step):  # False: dead teacher, NaN loss or halt
-            optimizer.step()
-        optimizer.zero_grad()
+        sg.optimizer_step(optimizer, step)  # skipped for a dead teacher, a NaN loss, a halt
         sg.after_update(step, {"loss": loss.item()})
-        if sg.halted:
-            break  # save a checkpoint first; the event file says why
+        if sg.halted:  # guard.jsonl says why
+            torch.save(student.state_dict(), "halt.pt")
+            break
+
+``optimizer_step`` is ``before_update`` (may this step be applied?), then ``optimizer.step()``
+when it may, then ``optimizer.zero_grad()``; call ``before_update`` yourself where the step is
+taken elsewhere.
 
 Full-vocabulary logits are reduced in row chunks (:data:`distill_guard.signals.DEFAULT_CHUNK_ROWS`)
 to the top-k logprobs (and, with labels, the sampled-token logprobs): the guard never holds an
@@ -314,6 +317,16 @@ class StepGuard:
             )
         return update
 
+    def optimizer_step(self, optimizer: Any, step: int, *, zero_grad: bool = True) -> bool:
+        """:meth:`before_update`, then ``optimizer.step()`` only if allowed, then
+        ``optimizer.zero_grad()``. Returns whether the update was applied."""
+        apply = self.before_update(step)
+        if apply:
+            optimizer.step()
+        if zero_grad:
+            optimizer.zero_grad()
+        return apply
+
     def after_update(self, step: int, metrics: Mapping[str, float | None]) -> Decision:
         """Feed the step's metrics (keyed by :class:`~distill_guard.observations.Metric` roles).
 
@@ -325,6 +338,18 @@ class StepGuard:
         decision = self.guard.on_step_metrics(step, values)
         self.last_decision = decision
         return decision
+
+    # ------------------------------------------------------------------ colocated teachers
+
+    def after_wake(self, step: int) -> Decision:
+        """Right after waking a colocated teacher: the guard's canary (and repair, if it holds
+        the teacher). Score with the teacher only if the decision does not act or it was repaired."""
+        self.last_decision = self.guard.after_wake(step)
+        return self.last_decision
+
+    def before_sleep(self, step: int) -> None:
+        """Just before putting a colocated teacher to sleep: the canary's fingerprint."""
+        self.guard.before_sleep(step)
 
     # ------------------------------------------------------------------ state
 
