@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -134,3 +135,51 @@ def test_state_dict_round_trip():
     b = DistillGuardCallback("default", guard_overrides=["alerts.use_wandb=false"])
     b.load_state_dict(a.state_dict())
     assert b.guard.summary.count == a.guard.summary.count == {"loss.jsd_ceiling": 1}
+
+
+class KillOnRank1(pl.Callback):
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == COLLAPSE_AT and trainer.global_rank == 1:
+            kill(pl_module.teacher)
+
+
+class Report(pl.Callback):
+    def __init__(self, cb, out):
+        self.cb, self.out = cb, out
+
+    def on_fit_end(self, trainer, pl_module):
+        rec = {"step": trainer.global_step, "halt": self.cb.guard.summary.halt}
+        (self.out / f"rank{trainer.global_rank}.json").write_text(json.dumps(rec))
+
+
+@pytest.mark.timeout(60)
+def test_two_rank_ddp_only_rank_1_sees_the_collapse_and_both_stop(tmp_path):
+    teacher = tiny_qwen3(seed=0)
+    module = Distill(teacher, student_of(teacher))
+    ev = tmp_path / "events.jsonl"
+    cb = DistillGuardCallback(
+        "default",
+        guard_overrides=[f"events_path={ev}", f"run.vocab_size={VOCAB}", "alerts.use_wandb=false"],
+        consensus_timeout_s=20,
+    )
+    trainer = pl.Trainer(
+        max_steps=MAX_STEPS,
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp_spawn",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+        callbacks=[KillOnRank1(), cb, Report(cb, tmp_path)],
+    )
+    trainer.fit(module)
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    halt_step = COLLAPSE_AT + 2
+    for r in (r0, r1):
+        assert r["step"] == halt_step + 1 and r["halt"]["step"] == halt_step
+    assert r0["halt"]["message"].startswith("rank 1: ")  # rank 0 stopped for rank 1's reason
+    assert (tmp_path / "checkpoints" / f"distill_guard-halt-step={halt_step}.ckpt").exists()
+    for path in (ev, tmp_path / "events.rank1.jsonl"):
+        assert [e["step"] for e in events(path) if e["kind"] == "halt"] == [halt_step]
