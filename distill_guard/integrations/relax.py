@@ -101,6 +101,9 @@ class RelaxGuard:
     halt_marker: Path | None = None
     """File written on halt, read by :func:`before_train_step_hook` on every trainer rank."""
     teacher_inputs: TeacherInputs = default_teacher_inputs
+    privileged_prompt: bool = False
+    """OPSD/SDPO: the teacher saw its own prompt (``--opd-teacher-prompt-key``, a feedback
+    class), so a sample without ``teacher_input_ids`` cannot be re-scored from its tokens."""
     step: int = 0
     """The rollout step being checked, or the next one between steps (for the wake hooks)."""
 
@@ -158,7 +161,9 @@ class RelaxGuard:
 
         Returns the samples re-scored and those that could not be: a top-K channel of the
         *student's* ids (``student_topk``, ``union``) needs the teacher's logprobs at given ids,
-        which the Teacher protocol does not offer; those are taken out of the loss instead.
+        which the Teacher protocol does not offer, and an OPSD/SDPO teacher prompt is not on the
+        sample (unless it carries ``teacher_input_ids`` or ``teacher_inputs`` rebuilds it); those
+        are taken out of the loss instead.
         """
         teacher = self.teacher
         topk_mode = self.token_selection == "teacher_topk"
@@ -166,7 +171,12 @@ class RelaxGuard:
         groups: dict[int, list[tuple[Any, list[int]]]] = {}
         for s in samples:
             has_topk = getattr(s, TOPK_FIELD, None) is not None
-            if has_topk and not topk_mode:
+            own_prompt_lost = (
+                self.privileged_prompt
+                and self.teacher_inputs is default_teacher_inputs
+                and getattr(s, "teacher_input_ids", None) is None
+            )
+            if (has_topk and not topk_mode) or own_prompt_lost:
                 unscorable.append(s)
                 continue
             try:
@@ -281,6 +291,10 @@ def configure(
         halt_mode=mode,
         halt_marker=Path(marker) if marker else None,
         teacher_inputs=teacher_inputs or default_teacher_inputs,
+        privileged_prompt=bool(
+            getattr(args, "opd_teacher_prompt_key", None)
+            or getattr(args, "opd_feedback_class", None)
+        ),
     )
     return _STATE
 

@@ -400,3 +400,22 @@ def test_a_malformed_sample_never_crashes_the_rollout(tmp_path):
         fb.check_transfer_channels(bad, {"opd_topk_teacher_log_probs": [[1.0], [2.0, 3.0]]}, 2)
         is None
     )
+
+
+def test_opsd_teacher_prompt_is_not_guessed_from_the_student_tokens(tmp_path, monkeypatch):
+    install_standin_repair(monkeypatch)
+    teacher = StandInTeacher(tiny_qwen3())
+    args = Namespace(**{**vars(ARGS), "opd_teacher_prompt_key": "teacher_prompt"})
+    relax.configure(
+        "default",
+        guard_overrides=overrides(tmp_path),
+        args=args,
+        teacher=teacher,
+        canary=StandInCanary(),
+    )
+    teacher.die()
+    dead = make_samples(teacher)
+    metrics = {}
+    relax.rollout_log_function(0, args, dead, metrics, 1.0)
+    assert metrics["guard/repairs"] == 1 and metrics["guard/rescored_samples"] == 0
+    assert metrics["guard/masked_samples"] == 4
