@@ -345,7 +345,7 @@ class DistillGuard:
             backoff_s=self.repair_backoff_s,
             step=decision.step,
             on_event=lambda kind, payload: self.events.write(
-                kind, stage=stage, **{"step": decision.step, **payload}
+                kind, stage=stage, **{**payload, "step": decision.step}
             ),
         )
         self._record(stage, outcome.findings)

@@ -1,0 +1,178 @@
+"""Lightning: a ``Callback`` that judges each step before the optimizer moves, and halts all ranks.
+
+- ``on_before_optimizer_step``: the teacher scores of the step (from a forward hook on the
+  module's ``teacher`` attribute, or handed over with :meth:`DistillGuardCallback.observe_teacher_logits`)
+  are judged; a step that trained on a dead teacher gets its gradients dropped, so the optimizer
+  does not move.
+- ``on_train_batch_end``: the step's logged metrics (``self.log(..., on_step=True)``) are judged;
+  on a halt every rank saves the checkpoint (``trainer.save_checkpoint``, a collective) and sets
+  ``trainer.should_stop``. The decision is already the same on every rank: the guard's reducer
+  (:mod:`distill_guard.consensus`, attached in ``setup``) agreed on it.
+
+Limits: manual optimisation never calls ``on_before_optimizer_step`` (call
+:meth:`StepGuard.before_update <distill_guard.integrations.plain.StepGuard.before_update>` in your
+``training_step``); Lightning keeps training past ``should_stop`` until ``min_steps``/``min_epochs``
+are met, and every update is then skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+from distill_guard.consensus import attach
+from distill_guard.integrations.plain import GuardLike, StepGuard, map_metrics, resolve_guard
+from distill_guard.observations import Metric
+
+log = logging.getLogger("distill_guard")
+
+LIGHTNING_METRIC_KEYS: dict[str, str] = {
+    Metric.LOSS: "train/loss",
+    Metric.STUDENT_ENTROPY: "train/entropy",
+    Metric.TRUNCATED_RATIO: "train/truncated_ratio",
+    Metric.EVAL_ACCURACY: "val/acc",
+}
+"""Default ``{role: logged name}`` (lightning-hydra-template names); override with ``metric_keys``."""
+
+
+class DistillGuardCallback(pl.Callback):
+    """Runs a :class:`~distill_guard.guard.DistillGuard` inside a Lightning ``Trainer``.
+
+    Args:
+        guard: a guard, a preset name (``default``/``monitor_only``/``strict``), or a guard
+            config node; None composes ``default``.
+        guard_overrides: Hydra overrides for a preset or config, e.g. ``["run.vocab_size=151936"]``.
+        metric_keys: ``{role: logged name}``; :data:`LIGHTNING_METRIC_KEYS` by default.
+        teacher_attr: attribute of the LightningModule holding the teacher ``nn.Module``; its
+            forwards during training steps are observed. None: hand logits over yourself.
+        top_k: teacher top-k kept per position.
+        save_on_halt: save a checkpoint before stopping on a halt.
+        dirpath: where the halt checkpoint goes; ``<default_root_dir>/checkpoints`` if None.
+        consensus_timeout_s: per-hook timeout of the all-rank agreement.
+    """
+
+    def __init__(
+        self,
+        guard: GuardLike = None,
+        *,
+        guard_overrides: Sequence[str] = (),
+        metric_keys: Mapping[str, str] | None = None,
+        teacher_attr: str | None = "teacher",
+        top_k: int = 16,
+        save_on_halt: bool = True,
+        dirpath: str | os.PathLike[str] | None = None,
+        consensus_timeout_s: float = 60.0,
+    ) -> None:
+        self.step_guard = StepGuard(resolve_guard(guard, guard_overrides), top_k=top_k)
+        self.step_guard.collecting = False
+        self.metric_keys = dict(LIGHTNING_METRIC_KEYS if metric_keys is None else metric_keys)
+        self.teacher_attr = teacher_attr
+        self.save_on_halt = save_on_halt
+        self.dirpath = dirpath
+        self.consensus_timeout_s = consensus_timeout_s
+        self.halt_checkpoint: str | None = None
+        """Path of the checkpoint saved on halt."""
+        self._updated: int | None = None
+        self._stopped = False
+
+    @property
+    def guard(self) -> Any:
+        return self.step_guard.guard
+
+    def observe_teacher_logits(self, logits: torch.Tensor, **kwargs: Any) -> None:
+        """Hand the teacher's logits of this batch to the guard (``mask=``, ``labels=``)."""
+        self.step_guard.observe_teacher_logits(logits, **kwargs)
+
+    def observe_loss(self, loss: torch.Tensor | float) -> None:
+        """Hand the raw loss of this batch to the guard (judged before the update)."""
+        self.step_guard.observe_loss(loss)
+
+    # ------------------------------------------------------------------ hooks
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        attach(self.guard, timeout_s=self.consensus_timeout_s)
+        if stage == "fit" and self.teacher_attr and not self.step_guard.watching:
+            teacher = getattr(pl_module, self.teacher_attr, None)
+            if isinstance(teacher, torch.nn.Module):
+                self.step_guard.watch(teacher)
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self.step_guard.collecting = True
+
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
+    ) -> None:
+        self.step_guard.collecting = False
+        step = trainer.global_step
+        self._updated = step
+        if not self.step_guard.before_update(step):
+            optimizer.zero_grad(set_to_none=True)
+
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        self.step_guard.collecting = False
+        if self._updated is None:  # gradient accumulation: no update on this batch
+            return
+        step, self._updated = self._updated, None
+        if not self.step_guard.halted:
+            metrics = map_metrics(trainer.callback_metrics, self.metric_keys)
+            self.step_guard.after_update(step, metrics)
+        halt = self.step_guard.halted
+        if trainer.world_size > 1:  # already agreed by the reducer; the strategy makes it certain
+            halt = trainer.strategy.reduce_boolean_decision(halt, all=False)
+        if halt and not self._stopped:
+            self._halt(trainer, step)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking or self.step_guard.halted:
+            return
+        key = self.metric_keys.get(Metric.EVAL_ACCURACY)
+        if key and key in trainer.callback_metrics:
+            self.step_guard.after_update(
+                max(trainer.global_step - 1, 0),
+                {Metric.EVAL_ACCURACY: trainer.callback_metrics[key]},
+            )
+            if self.step_guard.halted and not self._stopped:
+                self._halt(trainer, trainer.global_step)
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.guard.close()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"guard": self.guard.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.guard.load_state_dict(state_dict.get("guard", {}))
+
+    # ------------------------------------------------------------------ halt
+
+    def _halt(self, trainer: pl.Trainer, step: int) -> None:
+        self._stopped = True
+        reason = self.step_guard.halt_reason or "another rank halted"
+        if self.save_on_halt:
+            root = Path(self.dirpath or Path(trainer.default_root_dir) / "checkpoints")
+            path = root / f"distill_guard-halt-step={step}.ckpt"
+            trainer.save_checkpoint(path)  # a collective: every rank is here, having agreed
+            self.halt_checkpoint = str(path)
+            self.guard.events.write("checkpoint", step=step, path=str(path))
+        trainer.should_stop = True
+        log.error(
+            "distill_guard: stopping training at step %s%s: %s",
+            step,
+            f" after saving {self.halt_checkpoint}" if self.halt_checkpoint else "",
+            reason,
+        )

@@ -1,0 +1,270 @@
+"""transformers / TRL: a ``TrainerCallback``, and a mixin for trainers that run the teacher in-process.
+
+Two ways in, usable together:
+
+- :class:`DistillGuardCallback` alone reads the logged metrics in ``on_log`` (after the update).
+  On a halt it asks the Trainer for a checkpoint (``control.should_save``) and stops it
+  (``control.should_training_stop``). transformers' ``logging_nan_inf_filter`` (on by default)
+  replaces a NaN/inf loss before ``on_log`` sees it, so the callback alone cannot see a NaN loss.
+- For trainers that compute the teacher's logits in-process (TRL's ``GKDTrainer`` and its
+  on-policy distillation kin), :class:`GuardedDistillationMixin` (or :func:`guard_trainer`) also
+  hands the teacher's logits and the raw loss to the guard *before the optimizer step*:
+  ``on_pre_optimizer_step`` drops the gradients of a step that trained on a dead teacher or a
+  NaN loss, so the bad update never happens. Custom ``compute_loss`` code can instead call
+  :meth:`DistillGuardCallback.observe_teacher_logits` / ``observe_loss`` itself.
+
+Step numbers are optimizer updates: the teacher scores of update ``s`` are judged at
+``state.global_step == s``, its logged metrics (reported after the increment) as step ``s`` too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from distill_guard.consensus import attach
+from distill_guard.integrations.plain import GuardLike, StepGuard, map_metrics, resolve_guard
+from distill_guard.observations import Metric
+
+log = logging.getLogger("distill_guard")
+
+HF_METRIC_KEYS: dict[str, str] = {
+    Metric.LOSS: "loss",
+    Metric.STUDENT_ENTROPY: "entropy",
+    Metric.EVAL_ACCURACY: "eval_accuracy",
+}
+"""Default ``{role: logs key}``: the Trainer's ``loss``, TRL's ``entropy``, an ``eval_accuracy``
+from ``compute_metrics``. Override with ``metric_keys``."""
+
+GUARD_STATE_FILE = "distill_guard_state.pt"
+"""Name of the guard's state in each checkpoint directory (``torch.load`` it, then
+``callback.guard.load_state_dict`` to resume with the same references)."""
+
+
+class DistillGuardCallback(TrainerCallback):
+    """Runs a :class:`~distill_guard.guard.DistillGuard` inside a ``transformers.Trainer``.
+
+    Args:
+        guard: a guard, a preset name (``default``/``monitor_only``/``strict``), or a guard
+            config node; None composes ``default``.
+        guard_overrides: Hydra overrides for a preset or config, e.g. ``["run.vocab_size=151936"]``.
+        metric_keys: ``{role: logs key}``; :data:`HF_METRIC_KEYS` by default.
+        top_k: teacher top-k kept per position when reducing in-process teacher logits.
+        save_on_halt: request a checkpoint before stopping on a halt.
+        consensus_timeout_s: per-hook timeout of the all-rank agreement under ``torch.distributed``.
+        save_guard_state: write the guard's state into every checkpoint directory.
+    """
+
+    def __init__(
+        self,
+        guard: GuardLike = None,
+        *,
+        guard_overrides: Sequence[str] = (),
+        metric_keys: Mapping[str, str] | None = None,
+        top_k: int = 16,
+        save_on_halt: bool = True,
+        consensus_timeout_s: float = 60.0,
+        save_guard_state: bool = True,
+    ) -> None:
+        self.step_guard = StepGuard(resolve_guard(guard, guard_overrides), top_k=top_k)
+        self.step_guard.collecting = False
+        self.metric_keys = dict(HF_METRIC_KEYS if metric_keys is None else metric_keys)
+        self.save_on_halt = save_on_halt
+        self.consensus_timeout_s = consensus_timeout_s
+        self.save_guard_state = save_guard_state
+        self._stopping = False
+
+    @property
+    def guard(self) -> Any:
+        return self.step_guard.guard
+
+    # ------------------------------------------------------------------ in-process teacher API
+
+    def observe_teacher_logits(
+        self,
+        logits: torch.Tensor,
+        *,
+        mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> None:
+        """Hand the teacher's logits of this micro-batch to the guard (call in ``compute_loss``,
+        before returning the loss). Judged before this step's optimizer update."""
+        self.step_guard.observe_teacher_logits(logits, mask=mask, labels=labels)
+
+    def observe_teacher_logprobs(self, **kwargs: Any) -> None:
+        """Same, with logprobs already reduced (``token_logprobs=``, ``topk_logprobs=``, ``mask=``)."""
+        self.step_guard.observe_teacher_logprobs(**kwargs)
+
+    def observe_loss(self, loss: torch.Tensor | float) -> None:
+        """Hand the raw micro-batch loss to the guard (sees a NaN the log filter would hide)."""
+        self.step_guard.observe_loss(loss)
+
+    def watch_teacher(self, teacher: torch.nn.Module) -> Any:
+        """Observe every training-step forward of ``teacher`` through a forward hook."""
+        return self.step_guard.watch(teacher)
+
+    # ------------------------------------------------------------------ Trainer events
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        attach(self.guard, timeout_s=self.consensus_timeout_s)
+        if (
+            getattr(args, "logging_nan_inf_filter", False)
+            and not self.step_guard.loss_before_update
+        ):
+            log.info(
+                "distill_guard: logging_nan_inf_filter is on, so on_log never shows a NaN loss; "
+                "use GuardedDistillationMixin (or observe_loss) to judge the raw loss"
+            )
+
+    def on_step_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self.step_guard.collecting = True
+
+    def on_pre_optimizer_step(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        model: torch.nn.Module | None = None,
+        optimizer: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        self.step_guard.collecting = False
+        if not self.step_guard.before_update(state.global_step):
+            # no gradient, no update: AdamW & co. skip parameters whose grad is None
+            if optimizer is not None:
+                optimizer.zero_grad(set_to_none=True)
+            if model is not None:
+                model.zero_grad(set_to_none=True)
+        if self.step_guard.halted:
+            self._stop(control, state)
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self.step_guard.collecting = False
+        if self.step_guard.halted:
+            self._stop(control, state)
+
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        metrics = map_metrics(logs or {}, self.metric_keys)
+        if not metrics:  # logs are identical on every rank, so every rank skips alike
+            return
+        self.step_guard.after_update(max(state.global_step - 1, 0), metrics)
+        if self.step_guard.halted:
+            self._stop(control, state)
+
+    def on_save(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if not self.save_guard_state or not state.is_world_process_zero:
+            return
+        ckpt = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        if os.path.isdir(ckpt):
+            torch.save(self.guard.state_dict(), os.path.join(ckpt, GUARD_STATE_FILE))
+            if self.guard.halted:
+                self.guard.events.write("checkpoint", step=state.global_step, path=ckpt)
+
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self.guard.close()
+
+    def _stop(self, control: TrainerControl, state: TrainerState) -> None:
+        control.should_training_stop = True
+        if self._stopping:
+            return
+        self._stopping = True
+        control.should_save = self.save_on_halt
+        log.error(
+            "distill_guard: stopping training at step %s%s: %s",
+            state.global_step,
+            " after a checkpoint" if self.save_on_halt else "",
+            self.step_guard.halt_reason,
+        )
+
+
+def find_guard_callback(trainer: Any) -> DistillGuardCallback | None:
+    """The trainer's :class:`DistillGuardCallback`, if it has one."""
+    for cb in getattr(getattr(trainer, "callback_handler", None), "callbacks", []):
+        if isinstance(cb, DistillGuardCallback):
+            return cb
+    return None
+
+
+def guard_trainer(
+    trainer: Any,
+    guard: GuardLike = None,
+    *,
+    teacher: torch.nn.Module | None = None,
+    teacher_attr: str = "teacher_model",
+    **callback_kwargs: Any,
+) -> DistillGuardCallback:
+    """Add a guard to an existing Trainer and watch its teacher's forwards.
+
+    ``teacher`` defaults to ``trainer.<teacher_attr>`` (TRL's ``GKDTrainer.teacher_model``).
+    Reuses the trainer's :class:`DistillGuardCallback` when it already has one.
+    """
+    cb = find_guard_callback(trainer)
+    if cb is None:
+        cb = DistillGuardCallback(guard, **callback_kwargs)
+        trainer.add_callback(cb)
+    teacher = teacher if teacher is not None else getattr(trainer, teacher_attr, None)
+    if isinstance(teacher, torch.nn.Module):
+        cb.watch_teacher(teacher)
+    else:
+        log.info("distill_guard: no teacher module on the trainer; only logged metrics are judged")
+    return cb
+
+
+class GuardedDistillationMixin:
+    """Mix into a Trainer that runs its teacher inside ``compute_loss``::
+
+        class GuardedGKDTrainer(GuardedDistillationMixin, GKDTrainer): ...
+
+        trainer = GuardedGKDTrainer(..., callbacks=[DistillGuardCallback("default")])
+
+    On the first training ``compute_loss`` it finds the trainer's :class:`DistillGuardCallback`
+    and watches ``self.<distill_guard_teacher_attr>`` (``teacher_model``, as in TRL); every raw
+    training loss then goes to the guard too. Both are judged in ``on_pre_optimizer_step``.
+    """
+
+    distill_guard_teacher_attr: str = "teacher_model"
+
+    def compute_loss(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        cb = self._distill_guard_callback()
+        outputs = super().compute_loss(model, inputs, *args, **kwargs)  # type: ignore[misc]
+        if cb is not None and getattr(model, "training", False) and cb.step_guard.collecting:
+            return_outputs = kwargs.get("return_outputs", args[0] if args else False)
+            cb.observe_loss(outputs[0] if return_outputs else outputs)
+        return outputs
+
+    def _distill_guard_callback(self) -> DistillGuardCallback | None:
+        if not hasattr(self, "_distill_guard_cb"):
+            cb = find_guard_callback(self)
+            if cb is None:
+                log.warning(
+                    "distill_guard: %s has no DistillGuardCallback; the mixin does nothing",
+                    type(self).__name__,
+                )
+            else:
+                teacher = getattr(self, self.distill_guard_teacher_attr, None)
+                if isinstance(teacher, torch.nn.Module):
+                    cb.watch_teacher(teacher)
+            self._distill_guard_cb = cb
+        return self._distill_guard_cb

@@ -1,0 +1,94 @@
+"""Tiny seeded models and data for the integration tests (CPU, a second or two per run)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from pathlib import Path
+
+import torch
+
+VOCAB = 128
+
+
+def tiny_qwen3(seed: int = 0, vocab: int = VOCAB, embed_std: float = 0.3) -> torch.nn.Module:
+    """A 2-layer Qwen3 built from a config (no download), peaked like a trained teacher."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+    )
+    state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(seed)
+        model = Qwen3ForCausalLM(config)
+        with torch.no_grad():
+            model.get_input_embeddings().weight.normal_(0.0, embed_std)
+    finally:
+        torch.random.set_rng_state(state)
+    return model
+
+
+def student_of(teacher: torch.nn.Module, noise: float = 0.02, seed: int = 1) -> torch.nn.Module:
+    """A student that starts near the teacher, as after SFT: a healthy JSD is far below ln 2."""
+    student = copy.deepcopy(teacher)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in student.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * noise)
+    return student.train()
+
+
+def kill(teacher: torch.nn.Module) -> None:
+    """What a colocated wake without weights backup leaves: every weight zero, a uniform output."""
+    with torch.no_grad():
+        for p in teacher.parameters():
+            p.zero_()
+
+
+def token_rows(n: int = 64, length: int = 12, vocab: int = VOCAB, seed: int = 0) -> list[dict]:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (n, length), generator=g)
+    return [{"input_ids": r.tolist(), "attention_mask": [1] * length} for r in ids]
+
+
+def jsd(student_logits, teacher_logits, mask, beta: float = 0.5) -> torch.Tensor:
+    """Per-token generalized JSD, masked mean (TRL's GKD loss with ``beta``)."""
+    ls = torch.log_softmax(student_logits.float(), -1)
+    lt = torch.log_softmax(teacher_logits.float(), -1)
+    lm = torch.logaddexp(ls + torch.log1p(torch.tensor(-beta)), lt + torch.log(torch.tensor(beta)))
+    per = (1 - beta) * (ls.exp() * (ls - lm)).sum(-1) + beta * (lt.exp() * (lt - lm)).sum(-1)
+    m = mask.float()
+    return (per * m).sum() / m.sum()
+
+
+def params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return all(torch.equal(a[n], b[n]) for n in a)
+
+
+def events(path: Path) -> list[dict]:
+    if not Path(path).exists():
+        return []
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def loud(records: list[logging.LogRecord]) -> list[str]:
+    """WARNING-or-above records of the distill_guard logger."""
+    return [
+        r.getMessage()
+        for r in records
+        if r.name.startswith("distill_guard") and r.levelno >= logging.WARNING
+    ]

@@ -1,0 +1,28 @@
+"""``import distill_guard`` and the framework-free integrations pull in neither transformers nor Lightning."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_core_and_plain_integrations_do_not_import_frameworks():
+    code = (
+        "import sys\n"
+        "import distill_guard, distill_guard.guard, distill_guard.config, distill_guard.consensus\n"
+        "import distill_guard.integrations, distill_guard.integrations.plain\n"
+        "import distill_guard.integrations.relax, distill_guard.integrations.hydra\n"
+        "from distill_guard.integrations.relax import GuardedGoldenAnswerSDPOFeedback\n"
+        "bad = [m for m in ('transformers', 'lightning', 'pytorch_lightning') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr

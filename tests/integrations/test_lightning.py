@@ -1,0 +1,185 @@
+"""A real Lightning Trainer with the guard in its callbacks: a teacher made uniform mid-run."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+
+pl = pytest.importorskip("lightning.pytorch")
+
+from distill_guard.integrations.lightning import DistillGuardCallback  # noqa: E402
+
+from ._tiny import (  # noqa: E402
+    VOCAB,
+    events,
+    jsd,
+    kill,
+    loud,
+    params,
+    same,
+    student_of,
+    tiny_qwen3,
+    token_rows,
+)
+
+MAX_STEPS = 12
+COLLAPSE_AT = 4
+
+
+class Distill(pl.LightningModule):
+    def __init__(self, teacher, student):
+        super().__init__()
+        self.teacher = teacher.eval().requires_grad_(False)
+        self.student = student
+
+    def training_step(self, batch, batch_idx):
+        ids, mask = batch["input_ids"], batch["attention_mask"]
+        with torch.no_grad():
+            t = self.teacher(input_ids=ids, attention_mask=mask).logits
+        loss = jsd(self.student(input_ids=ids, attention_mask=mask).logits, t, mask)
+        self.log("train/loss", loss, on_step=True, prog_bar=False)
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.student.parameters(), lr=1e-3)
+
+    def train_dataloader(self):
+        rows = token_rows()
+        data = [{k: torch.tensor(v) for k, v in r.items()} for r in rows]
+        return torch.utils.data.DataLoader(data, batch_size=4)
+
+
+class Killer(pl.Callback):
+    def __init__(self, at):
+        self.at, self.before = at, None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if self.at is not None and trainer.global_step == self.at and self.before is None:
+            self.before = params(pl_module.student)
+            kill(pl_module.teacher)
+
+
+def fit(tmp_path, *, collapse_at=None, overrides=()):
+    teacher = tiny_qwen3(seed=0)
+    module = Distill(teacher, student_of(teacher))
+    start = params(module.student)
+    ev = tmp_path / "events.jsonl"
+    cb = DistillGuardCallback(
+        "default",
+        guard_overrides=[
+            f"events_path={ev}",
+            f"run.vocab_size={VOCAB}",
+            "alerts.use_wandb=false",
+            *overrides,
+        ],
+    )
+    killer = Killer(collapse_at)
+    trainer = pl.Trainer(
+        max_steps=MAX_STEPS,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+        callbacks=[killer, cb],
+    )
+    trainer.fit(module)
+    return trainer, module, cb, killer, start, ev
+
+
+def test_uniform_teacher_mid_run_is_caught_before_the_update_then_halts(tmp_path):
+    trainer, module, cb, killer, _, ev = fit(tmp_path, collapse_at=COLLAPSE_AT)
+    assert killer.before is not None and same(killer.before, params(module.student))
+    halt_step = COLLAPSE_AT + 2  # default policy: skip, skip, halt
+    assert cb.guard.summary.halt["step"] == halt_step
+    assert trainer.global_step == halt_step + 1 < MAX_STEPS
+    ckpt = tmp_path / "checkpoints" / f"distill_guard-halt-step={halt_step}.ckpt"
+    assert cb.halt_checkpoint == str(ckpt) and ckpt.exists()
+    saved = torch.load(ckpt, weights_only=False)
+    guard_state = next(v for k, v in saved["callbacks"].items() if "DistillGuardCallback" in k)
+    assert guard_state["guard"]["summary"]["halt"]["step"] == halt_step
+    log = events(ev)
+    halt = [e for e in log if e["kind"] == "halt"]
+    assert len(halt) == 1 and "teacher.uniform" in halt[0]["message"]
+    assert any(e["kind"] == "checkpoint" and e["path"] == str(ckpt) for e in log)
+
+
+def test_halt_policy_stops_at_the_first_poisoned_step(tmp_path):
+    trainer, module, cb, killer, _, _ = fit(
+        tmp_path, collapse_at=COLLAPSE_AT, overrides=["policy.critical_action=HALT"]
+    )
+    assert cb.guard.summary.halt["step"] == COLLAPSE_AT
+    assert trainer.global_step == COLLAPSE_AT + 1
+    assert same(killer.before, params(module.student))
+
+
+def test_healthy_run_finishes_untouched_and_quiet(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="distill_guard")
+    trainer, module, cb, _, start, ev = fit(tmp_path)
+    assert trainer.global_step == MAX_STEPS and not cb.guard.halted
+    assert cb.step_guard.skipped_updates == 0 and cb.halt_checkpoint is None
+    assert not same(start, params(module.student))
+    assert not (tmp_path / "checkpoints").exists()
+    assert [e for e in events(ev) if e.get("severity") in ("warn", "critical")] == []
+    assert loud(caplog.records) == []
+
+
+def test_state_dict_round_trip():
+    a = DistillGuardCallback("default", guard_overrides=["alerts.use_wandb=false"])
+    a.guard.on_step_metrics(0, {"loss": 0.69})
+    b = DistillGuardCallback("default", guard_overrides=["alerts.use_wandb=false"])
+    b.load_state_dict(a.state_dict())
+    assert b.guard.summary.count == a.guard.summary.count == {"loss.jsd_ceiling": 1}
+
+
+class KillOnRank1(pl.Callback):
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == COLLAPSE_AT and trainer.global_rank == 1:
+            kill(pl_module.teacher)
+
+
+class Report(pl.Callback):
+    def __init__(self, cb, out):
+        self.cb, self.out = cb, out
+
+    def on_fit_end(self, trainer, pl_module):
+        rec = {"step": trainer.global_step, "halt": self.cb.guard.summary.halt}
+        (self.out / f"rank{trainer.global_rank}.json").write_text(json.dumps(rec))
+
+
+@pytest.mark.timeout(60)
+def test_two_rank_ddp_only_rank_1_sees_the_collapse_and_both_stop(tmp_path):
+    teacher = tiny_qwen3(seed=0)
+    module = Distill(teacher, student_of(teacher))
+    ev = tmp_path / "events.jsonl"
+    cb = DistillGuardCallback(
+        "default",
+        guard_overrides=[f"events_path={ev}", f"run.vocab_size={VOCAB}", "alerts.use_wandb=false"],
+        consensus_timeout_s=20,
+    )
+    trainer = pl.Trainer(
+        max_steps=MAX_STEPS,
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp_spawn",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+        callbacks=[KillOnRank1(), cb, Report(cb, tmp_path)],
+    )
+    trainer.fit(module)
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    halt_step = COLLAPSE_AT + 2
+    for r in (r0, r1):
+        assert r["step"] == halt_step + 1 and r["halt"]["step"] == halt_step
+    assert r0["halt"]["message"].startswith("rank 1: ")  # rank 0 stopped for rank 1's reason
+    assert (tmp_path / "checkpoints" / f"distill_guard-halt-step={halt_step}.ckpt").exists()
+    for path in (ev, tmp_path / "events.rank1.jsonl"):
+        assert [e["step"] for e in events(path) if e["kind"] == "halt"] == [halt_step]

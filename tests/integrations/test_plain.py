@@ -1,0 +1,152 @@
+"""The plain-loop adapter, and the README snippet run as written."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from distill_guard.integrations.plain import StepGuard, map_metrics, teacher_logprobs_from_logits
+from distill_guard.observations import Metric
+
+from ._tiny import VOCAB, events, jsd, kill, params, same, student_of, tiny_qwen3, token_rows
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "integrations.md"
+
+
+def snippet() -> str:
+    text = DOC.read_text()
+    return re.search(r"<!-- plain-loop -->\n```python\n(.*?)```", text, re.S).group(1)
+
+
+def test_readme_snippet_is_under_15_lines():
+    assert len(snippet().strip().splitlines()) < 15
+
+
+def test_readme_snippet_runs_and_halts_on_a_dead_teacher(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    teacher = tiny_qwen3()
+    student = student_of(teacher)
+    rows = token_rows(32)
+    loader = [
+        {k: torch.tensor([r[k] for r in rows[i : i + 4]]) for k in rows[0]} for i in range(0, 32, 4)
+    ]
+
+    class DyingTeacher(torch.nn.Module):  # dies after three healthy steps
+        def __init__(self):
+            super().__init__()
+            self.inner, self.calls = teacher, 0
+
+        def forward(self, **kw):
+            self.calls += 1
+            if self.calls == 4:
+                kill(teacher)
+            return self.inner(**kw)
+
+    ns = {
+        "torch": torch,
+        "loader": loader,
+        "teacher": DyingTeacher(),
+        "student": student,
+        "optimizer": torch.optim.AdamW(student.parameters(), lr=1e-3),
+        "distill_loss": lambda s, t: jsd(s, t, torch.ones(s.shape[:-1])),
+    }
+    exec(snippet(), ns)
+    sg = ns["sg"]
+    assert sg.halted and ns["step"] == 5  # collapse at step 3; default policy: skip, skip, halt
+    assert sg.skipped_updates == 3 and (tmp_path / "halt.pt").exists()
+    halt = [e for e in events(tmp_path / "guard.jsonl") if e["kind"] == "halt"]
+    assert "teacher.uniform" in halt[0]["message"]
+
+
+def test_topk_from_logits_is_chunked_and_exact():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 7, 50, generator=g) * 4
+    mask = torch.rand(3, 7, generator=g) > 0.3
+    labels = torch.randint(0, 50, (3, 7), generator=g)
+    labels[0, 0] = -100
+    topk, tok = teacher_logprobs_from_logits(
+        logits, top_k=5, mask=mask, labels=labels, chunk_rows=2
+    )
+    keep = mask.reshape(-1) & (labels.reshape(-1) != -100)
+    lp = torch.log_softmax(logits.reshape(-1, 50), -1)[keep]
+    assert torch.allclose(topk, lp.topk(5, -1).values, atol=1e-5)
+    assert torch.allclose(tok, lp.gather(-1, labels.reshape(-1)[keep, None]).squeeze(-1), atol=1e-5)
+    assert topk.dtype == torch.float32 and topk.shape == (int(keep.sum()), 5)
+
+
+def test_vocab_learnt_from_logits_and_uniform_caught():
+    sg = StepGuard("default", ["alerts.use_wandb=false"])
+    assert sg.guard.run.vocab_size is None
+    sg.observe_teacher_logits(torch.zeros(2, 4, 64))
+    assert sg.guard.run.vocab_size == 64
+    assert sg.before_update(0) is False and sg.last_decision.action.value == "rewake"
+
+
+def test_raw_loss_is_judged_before_and_not_again_after():
+    sg = StepGuard("default", ["alerts.use_wandb=false"])
+    seen = []
+    sg.guard.on_finding = seen.append
+    sg.observe_loss(torch.tensor(float("nan")))
+    sg.observe_loss(torch.tensor(0.1))
+    assert sg.before_update(0) is False
+    assert [f.code for f in seen] == ["metric.nonfinite"]
+    sg.after_update(0, {Metric.LOSS: float("nan"), Metric.STUDENT_ENTROPY: 0.4})
+    assert len(seen) == 1  # the loss was not judged twice
+    sg.observe_loss(0.02)
+    assert sg.before_update(1) is True
+
+
+def test_watch_observes_only_while_collecting():
+    teacher = tiny_qwen3()
+    sg = StepGuard("default", ["alerts.use_wandb=false"], top_k=4)
+    sg.watch(teacher)
+    x = torch.tensor([token_rows(1)[0]["input_ids"]])
+    sg.collecting = False
+    teacher(input_ids=x)
+    assert sg._topk == []
+    sg.collecting = True
+    teacher(input_ids=x, attention_mask=torch.ones_like(x))
+    assert sg._topk[0].shape == (x.shape[1], 4)
+    sg.unwatch()
+    teacher(input_ids=x)
+    assert len(sg._topk) == 1
+    with pytest.raises(ValueError, match="top-k width"):
+        sg.observe_teacher_logprobs(topk_logprobs=torch.zeros(3, 8))
+
+
+def test_healthy_loop_is_untouched():
+    teacher = tiny_qwen3()
+    student = student_of(teacher)
+    before = params(student)
+    opt = torch.optim.AdamW(student.parameters(), lr=1e-3)
+    sg = StepGuard("default", ["alerts.use_wandb=false"])
+    rows = token_rows(16)
+    for step in range(4):
+        ids = torch.tensor([r["input_ids"] for r in rows[step * 4 : step * 4 + 4]])
+        with torch.no_grad():
+            t = teacher(input_ids=ids).logits
+        sg.observe_teacher_logits(t)
+        loss = jsd(student(input_ids=ids).logits, t, torch.ones(ids.shape))
+        loss.backward()
+        assert sg.before_update(step)
+        opt.step()
+        opt.zero_grad()
+        assert sg.after_update(step, {"loss": loss.item()}).action.value == "continue"
+    assert not same(before, params(student)) and sg.guard.summary.count == {}
+    assert sg.guard.run.vocab_size == VOCAB
+
+
+def test_map_metrics_roles_and_wildcards():
+    logs = {
+        "train/loss": torch.tensor(0.5),
+        "eval/x-truncated_ratio": 0.1,
+        "eval/x": 0.4,
+        "n": None,
+    }
+    keys = {Metric.LOSS: "train/loss", Metric.EVAL_ACCURACY: "eval/*", Metric.STUDENT_ENTROPY: "n"}
+    assert map_metrics(logs, keys) == {Metric.LOSS: 0.5, Metric.EVAL_ACCURACY: 0.4}
+    assert math.isnan(map_metrics({"loss": float("nan")}, {Metric.LOSS: "loss"})[Metric.LOSS])

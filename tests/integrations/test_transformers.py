@@ -1,0 +1,207 @@
+"""A real transformers.Trainer with the guard in its callbacks: a teacher made uniform mid-run."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from distill_guard.integrations.transformers import (  # noqa: E402
+    GUARD_STATE_FILE,
+    DistillGuardCallback,
+    GuardedDistillationMixin,
+    guard_trainer,
+)
+from distill_guard.observations import Metric  # noqa: E402
+
+from ._tiny import (  # noqa: E402
+    VOCAB,
+    events,
+    jsd,
+    kill,
+    loud,
+    params,
+    same,
+    student_of,
+    tiny_qwen3,
+    token_rows,
+)
+
+MAX_STEPS = 12
+COLLAPSE_AT = 4
+
+
+class TinyGKDTrainer(transformers.Trainer):
+    """Stands in for TRL's GKDTrainer: the teacher runs inside compute_loss, loss is the JSD."""
+
+    def __init__(self, *args, teacher_model, beta=0.5, nan_at=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.teacher_model = teacher_model.eval()
+        self.beta = beta
+        self.nan_at = nan_at
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        out = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
+        with torch.no_grad():
+            t = self.teacher_model(
+                input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]
+            ).logits
+        loss = jsd(out.logits, t, inputs["attention_mask"], self.beta)
+        if self.nan_at is not None and self.state.global_step == self.nan_at:
+            loss = loss * float("nan")
+        return (loss, out) if return_outputs else loss
+
+
+class GuardedTinyGKDTrainer(GuardedDistillationMixin, TinyGKDTrainer):
+    pass
+
+
+class Recorder(transformers.TrainerCallback):
+    """Kills the teacher at the start of a step and snapshots the student just before."""
+
+    def __init__(self, teacher, student, at):
+        self.teacher, self.student, self.at = teacher, student, at
+        self.before = None
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if self.at is not None and state.global_step == self.at:
+            self.before = params(self.student)
+            kill(self.teacher)
+
+
+def run(tmp_path, *, collapse_at=None, nan_at=None, trainer_cls=GuardedTinyGKDTrainer, **cb):
+    teacher = tiny_qwen3(seed=0)
+    student = student_of(teacher)
+    start = params(student)
+    ev = tmp_path / "events.jsonl"
+    callback = DistillGuardCallback(
+        "default",
+        guard_overrides=[f"events_path={ev}", f"run.vocab_size={VOCAB}", "alerts.use_wandb=false"],
+        **cb,
+    )
+    rec = Recorder(teacher, student, collapse_at)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        max_steps=MAX_STEPS,
+        per_device_train_batch_size=4,
+        learning_rate=1e-3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        remove_unused_columns=False,
+        disable_tqdm=True,
+        seed=0,
+    )
+    trainer = trainer_cls(
+        model=student,
+        args=args,
+        train_dataset=token_rows(),
+        teacher_model=teacher,
+        nan_at=nan_at,
+        callbacks=[rec, callback],
+    )
+    trainer.train()
+    return trainer, callback, rec, start, ev
+
+
+def test_uniform_teacher_mid_run_is_caught_before_the_update_then_halts(tmp_path, caplog):
+    trainer, cb, rec, _, ev = run(tmp_path, collapse_at=COLLAPSE_AT)
+    # caught before the next optimizer step: the student never moved after the collapse
+    assert rec.before is not None and same(rec.before, params(trainer.model))
+    # default policy: a rewake it cannot carry out skips; 3 consecutive critical steps halt
+    halt_step = COLLAPSE_AT + 2
+    assert cb.guard.halted and cb.guard.summary.halt["step"] == halt_step
+    assert trainer.state.global_step == halt_step + 1 < MAX_STEPS  # stopped early
+    assert cb.step_guard.skipped_updates == 3
+    # the checkpoint exists, with the guard's state in it
+    ckpt = tmp_path / "out" / f"checkpoint-{halt_step + 1}"
+    assert (ckpt / "trainer_state.json").exists() and (ckpt / GUARD_STATE_FILE).exists()
+    state = torch.load(ckpt / GUARD_STATE_FILE, weights_only=False)
+    assert state["summary"]["halt"]["step"] == halt_step
+    # the event file says why
+    log = events(ev)
+    halts = [e for e in log if e["kind"] == "halt"]
+    assert len(halts) == 1 and "teacher.uniform" in halts[0]["message"]
+    first = [e for e in log if e["kind"] == "finding" and e["code"] == "teacher.uniform"]
+    assert first[0]["step"] == COLLAPSE_AT and first[0]["severity"] == "critical"
+    assert any(e["kind"] == "checkpoint" and e["path"].endswith(ckpt.name) for e in log)
+
+
+def test_healthy_run_finishes_untouched_and_quiet(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="distill_guard")
+    trainer, cb, _, start, ev = run(tmp_path)
+    assert trainer.state.global_step == MAX_STEPS
+    assert not cb.guard.halted and cb.step_guard.skipped_updates == 0
+    assert not same(start, params(trainer.model))  # it trained
+    assert not (tmp_path / "out" / f"checkpoint-{MAX_STEPS}").exists()
+    assert [e for e in events(ev) if e.get("severity") in ("warn", "critical")] == []
+    assert loud(caplog.records) == []
+    # the guard did look: the losses it judged were real JSDs far below the ceiling
+    assert cb.guard.run.vocab_size == VOCAB
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert len(losses) == MAX_STEPS and max(losses) < 0.3 * math.log(2)
+
+
+def test_nan_loss_hidden_from_on_log_is_caught_raw(tmp_path):
+    # logging_nan_inf_filter (on by default) hides this NaN from on_log; the mixin sees it raw
+    trainer, cb, _, _, ev = run(tmp_path, nan_at=3)
+    assert trainer.state.global_step == MAX_STEPS
+    assert cb.step_guard.skipped_updates == 1
+    assert all(math.isfinite(float(p.detach().sum())) for p in trainer.model.parameters())
+    found = [e for e in events(ev) if e["kind"] == "finding"]
+    assert [(e["code"], e["step"]) for e in found] == [("metric.nonfinite", 3)]
+
+
+def test_guard_trainer_watches_the_teacher_without_the_mixin(tmp_path):
+    teacher = tiny_qwen3(seed=0)
+    student = student_of(teacher)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        max_steps=4,
+        per_device_train_batch_size=4,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        remove_unused_columns=False,
+        disable_tqdm=True,
+    )
+    trainer = TinyGKDTrainer(
+        model=student, args=args, train_dataset=token_rows(16), teacher_model=teacher
+    )
+    kill(teacher)
+    cb = guard_trainer(
+        trainer,
+        "default",
+        guard_overrides=["policy.critical_action=HALT", "alerts.use_wandb=false"],
+    )
+    before = params(student)
+    trainer.train()
+    assert cb.guard.halted and cb.guard.summary.halt["step"] == 0
+    assert same(before, params(trainer.model))
+    assert trainer.state.global_step == 1
+    assert (tmp_path / "out" / "checkpoint-1").exists()
+    assert cb.guard.run.vocab_size == VOCAB  # learnt from the logits' width
+
+
+def test_on_log_maps_keys_to_roles_and_halts_on_metrics(tmp_path):
+    cb = DistillGuardCallback(
+        "default",
+        guard_overrides=["alerts.use_wandb=false"],
+        metric_keys={Metric.LOSS: "loss", Metric.STUDENT_ENTROPY: "ent"},
+    )
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to="none")
+    state = transformers.TrainerState()
+    control = transformers.TrainerControl()
+    seen = []
+    cb.guard.on_finding = seen.append
+    for step in range(1, 4):  # a loss at the JSD ceiling, logged after each update
+        state.global_step = step
+        cb.on_log(args, state, control, logs={"loss": 0.69, "ent": 0.4, "epoch": 0.1})
+    assert {f.code for f in seen} == {"loss.jsd_ceiling"} and seen[0].step == 0
+    assert control.should_training_stop and control.should_save
+    assert cb.guard.summary.halt["step"] == 2
