@@ -61,6 +61,7 @@ def measure(fn, repeat: int = 5, warmup: int = 2) -> tuple[float, float]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=16384)
+    ap.add_argument("--sweep", action="store_true", help="also time the kernels per block/warps")
     args = ap.parse_args()
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -115,6 +116,28 @@ def main() -> None:
             "peak_extra_MB": peak,
         }
         torch.cuda.empty_cache()
+
+    if args.sweep:
+        from distill_guard.triton_kernels import triton_entropy, triton_jsd
+
+        sweep = {}
+        for block in (1024, 2048, 4096, 8192):
+            for warps in (4, 8, 16):
+                e_ms, _ = measure(
+                    lambda b=block, w=warps: triton_entropy(s, block=b, num_warps=w), 3, 1
+                )
+                j_ms, _ = measure(
+                    lambda b=block, w=warps: triton_jsd(s, t, 0.5, block=b, num_warps=w), 3, 1
+                )
+                sweep[f"{block}x{warps}"] = {
+                    "entropy_frac": nbytes / (e_ms / 1e3) / copy_bw,
+                    "jsd_frac": 2 * nbytes / (j_ms / 1e3) / copy_bw,
+                }
+        res["sweep"] = sweep
+        for k, v in sweep.items():
+            print(
+                f"sweep block x warps {k:>9}: entropy {v['entropy_frac']:6.1%}  jsd {v['jsd_frac']:6.1%} of copy bw"
+            )
 
     for sig in ("entropy", "jsd"):
         fast, plain = res[f"{sig}_triton"], res[f"{sig}_plain"]

@@ -90,7 +90,9 @@ def teacher_logprob_stats(
         if mask.numel() != x.shape[0]:
             raise ValueError(f"mask has {mask.numel()} entries for {x.shape[0]} token positions")
         x = x[mask]
-    rows = (x if x.dim() == 2 else x.unsqueeze(1)).to(torch.float64)
+    if x.dim() == 1:
+        return _token_stats(x, vocab_size, atol)
+    rows = x.to(torch.float64)
     # Masked reductions and a single host transfer: on a GPU this costs one sync, not ten.
     finite = torch.isfinite(rows)
     n_fin = finite.sum().double()
@@ -124,6 +126,43 @@ def teacher_logprob_stats(
         top1_mean=top1_mean_,
         entropy_lower_bound=-top1_mean_,
         row_flat_fraction=flat_ if rows.shape[1] > 1 else nan,
+    )
+
+
+def _token_stats(x: torch.Tensor, vocab_size: int | None, atol: float) -> TeacherLogprobStats:
+    """The ``[N]`` case with as few kernels as possible: it is on the guard's per-step path."""
+    finite = torch.isfinite(x)
+    vals = torch.where(finite, x, 0.0)
+    target = uniform_logprob(vocab_size) if vocab_size is not None else 0.0
+    lo, hi = torch.aminmax(vals)
+    n_fin, s1, s2, lo_, hi_, uni = torch.stack(
+        [
+            finite.sum(dtype=torch.float64),
+            vals.sum(dtype=torch.float64),
+            vals.double().square().sum(),
+            lo.double(),
+            hi.double(),
+            ((x - target).abs() <= atol).sum(dtype=torch.float64),
+        ]
+    ).tolist()
+    count, nan = x.numel(), float("nan")
+    if n_fin == 0:
+        return TeacherLogprobStats(count, count, nan, nan, nan, nan, nan, nan, nan, nan)
+    if n_fin < count:  # rare: the zeros standing in for non-finite values must not set min/max
+        kept = x[finite].double()
+        lo_, hi_ = float(kept.min()), float(kept.max())
+    mean = s1 / n_fin
+    return TeacherLogprobStats(
+        count=count,
+        nonfinite=int(count - n_fin),
+        mean=mean,
+        spread=math.sqrt(max(s2 / n_fin - mean * mean, 0.0)) if n_fin > 1 else 0.0,
+        min=lo_,
+        max=hi_,
+        uniform_fraction=uni / n_fin if vocab_size is not None else nan,
+        top1_mean=mean,
+        entropy_lower_bound=-mean,
+        row_flat_fraction=nan,
     )
 
 

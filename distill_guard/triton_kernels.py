@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 BLOCK = 4096
+NUM_WARPS = 8
 
 
 @triton.jit
@@ -86,19 +87,26 @@ def _as_rows(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def triton_entropy(logits: torch.Tensor, *, block: int = BLOCK) -> torch.Tensor:
+def triton_entropy(
+    logits: torch.Tensor, *, block: int = BLOCK, num_warps: int = NUM_WARPS
+) -> torch.Tensor:
     """Per-row entropy of ``[..., V]`` logits in float32, one read of the input."""
     rows = _as_rows(logits)
     out = torch.empty(rows.shape[0], dtype=torch.float32, device=rows.device)
     if rows.shape[0]:
         _entropy_kernel[(rows.shape[0],)](
-            rows, out, rows.shape[1], rows.stride(0), BLOCK=block, num_warps=8
+            rows, out, rows.shape[1], rows.stride(0), BLOCK=block, num_warps=num_warps
         )
     return out.reshape(logits.shape[:-1])
 
 
 def triton_jsd(
-    student_logits: torch.Tensor, teacher_logits: torch.Tensor, beta: float, *, block: int = BLOCK
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    beta: float,
+    *,
+    block: int = BLOCK,
+    num_warps: int = NUM_WARPS,
 ) -> torch.Tensor:
     """Per-row generalized JSD (teacher weight β) in float32; 0 < β < 1."""
     if not 0.0 < beta < 1.0:
@@ -115,6 +123,6 @@ def triton_jsd(
             t.stride(0),
             beta,
             BLOCK=block,
-            num_warps=8,
+            num_warps=num_warps,
         )
     return out.reshape(student_logits.shape[:-1])

@@ -86,10 +86,12 @@ class TeacherCollapseCheck(Check):
             x = x[scores.mask.to(device=x.device, dtype=torch.bool)]
         if x.numel() == 0:
             return []
-        findings = self._nonfinite(x, kind, scores.step, topk=topk)
-        # Top-k: a row is uniform iff its top-1 is −ln V, so only the N row maxima matter.
+        # Top-k: a row is uniform iff its top-1 is −ln V, so only the N row maxima matter. A NaN
+        # or +inf anywhere in a row reaches its maximum, so the maxima also tell whether the
+        # slower element-wise count is needed.
         values = x.amax(dim=1) if topk else x
         stats = teacher_logprob_stats(values, run.vocab_size, atol=self.atol)
+        findings = self._nonfinite(x, kind, scores.step, topk=topk) if stats.nonfinite else []
         if stats.nonfinite == stats.count:
             return findings
         measured = {
@@ -154,9 +156,6 @@ class TeacherCollapseCheck(Check):
         return findings
 
     def _nonfinite(self, x: torch.Tensor, kind: str, step: int, *, topk: bool) -> list[Finding]:
-        # One cheap pass decides the common case: a sum is finite iff every term is.
-        if torch.isfinite(x.sum()):
-            return []
         bad = torch.isnan(x) | (x == math.inf)
         if not topk:  # a sampled token cannot have probability zero under a sane teacher
             bad |= x == -math.inf
