@@ -14,8 +14,9 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK = 4096
-NUM_WARPS = 8
+# Chosen by the sweep in benchmarks/gpu_signals.py on an H200 (benchmarks/RESULTS.md).
+BLOCK, NUM_WARPS = 4096, 4
+JSD_BLOCK, JSD_NUM_WARPS = 1024, 4
 
 
 @triton.jit
@@ -68,8 +69,9 @@ def _jsd_kernel(s_ptr, t_ptr, out_ptr, n_cols, stride_s, stride_t, beta, BLOCK: 
     lse_s = tl.where(ms == float("-inf"), 0.0, ms) + tl.log(ss)
     lse_t = tl.where(mt == float("-inf"), 0.0, mt) + tl.log(st)
     acc = tl.zeros([BLOCK], tl.float32)
-    for start in range(0, n_cols, BLOCK):  # pass 2: the divergence (the row is hot in L2)
-        cols = start + tl.arange(0, BLOCK)
+    n_blocks = tl.cdiv(n_cols, BLOCK)
+    for i in range(0, n_blocks):  # pass 2, backwards: the blocks pass 1 read last are in L2
+        cols = (n_blocks - 1 - i) * BLOCK + tl.arange(0, BLOCK)
         mask = cols < n_cols
         ls = tl.load(s_base + cols, mask=mask, other=float("-inf")).to(tl.float32) - lse_s
         lt = tl.load(t_base + cols, mask=mask, other=float("-inf")).to(tl.float32) - lse_t
@@ -105,8 +107,8 @@ def triton_jsd(
     teacher_logits: torch.Tensor,
     beta: float,
     *,
-    block: int = BLOCK,
-    num_warps: int = NUM_WARPS,
+    block: int = JSD_BLOCK,
+    num_warps: int = JSD_NUM_WARPS,
 ) -> torch.Tensor:
     """Per-row generalized JSD (teacher weight β) in float32; 0 < β < 1."""
     if not 0.0 < beta < 1.0:
