@@ -14,16 +14,17 @@ from distill_guard.observations import Metric
 
 from ._tiny import VOCAB, events, jsd, kill, params, same, student_of, tiny_qwen3, token_rows
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "integrations.md"
+ROOT = Path(__file__).resolve().parents[2]
 
 
-def snippet() -> str:
-    text = DOC.read_text()
+def snippet(doc: str = "README.md") -> str:
+    text = (ROOT / doc).read_text()
     return re.search(r"<!-- plain-loop -->\n```python\n(.*?)```", text, re.S).group(1)
 
 
-def test_readme_snippet_is_under_15_lines():
+def test_readme_snippet_is_under_15_lines_and_matches_the_docs():
     assert len(snippet().strip().splitlines()) < 15
+    assert snippet() == snippet("docs/integrations.md")
 
 
 def test_readme_snippet_runs_and_halts_on_a_dead_teacher(tmp_path, monkeypatch):
