@@ -34,12 +34,12 @@ from typing import Any
 
 import torch
 
-from distill_guard.findings import Finding, Severity
+from distill_guard.findings import Code, Finding, Severity
 from distill_guard.policy import Action, Decision
 
 log = logging.getLogger("distill_guard")
 
-CONSENSUS_FAILED = "guard.consensus_failed"
+CONSENSUS_FAILED = Code.CONSENSUS_FAILED
 """Finding code: the ranks could not agree (a peer timed out, died, or is at another step)."""
 
 _NO_STEP = -1

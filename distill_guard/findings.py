@@ -57,6 +57,7 @@ class Code:
     CONFIG_NONDETERMINISTIC = "config.nondeterministic"
     CONFIG_UNCHECKED = "config.unchecked"
     GUARD_INTERNAL_ERROR = "guard.internal_error"
+    CONSENSUS_FAILED = "guard.consensus_failed"
     ALERT_FAILED = "guard.alert_failed"
 
 
