@@ -292,12 +292,14 @@ class ColocatedRank:
         from distill_guard.policy import Action, Policy
 
         rank = self.place.rank
+        events = self.out / f"guard.rank{rank}.jsonl"
+        events.unlink(missing_ok=True)  # the event log appends; start this run's afresh
         # halt: repair disabled, so a dead teacher stops every rank at once
         policy = Policy() if self.args.policy == "repair" else Policy(critical_action=Action.HALT)
         guard = DistillGuard(
             policy=policy,
             run=RunSpec(vocab_size=self.args.vocab_size, beta=BETA),
-            events=self.out / f"guard.rank{rank}.jsonl",
+            events=events,
             alerter=Alerter(rank=rank, use_wandb=False),
             teacher=self.teacher,
             canary=CanaryCheck(),
