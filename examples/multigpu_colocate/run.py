@@ -501,6 +501,15 @@ def mean_step_s(ranks: list[dict[str, Any]]) -> float | None:
     return statistics.fmean(times) if times else None
 
 
+def mean_loss(rank: dict[str, Any]) -> float | None:
+    losses = [s["loss"] for s in rank["steps"] if s["loss"] is not None]
+    return statistics.fmean(losses) if losses else None
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.4g}"
+
+
 def summarize(args: argparse.Namespace, by_mode: dict[str, list[dict]]) -> dict[str, Any]:
     out: dict[str, Any] = {"modes": {}}
     for mode, ranks in by_mode.items():
@@ -512,6 +521,7 @@ def summarize(args: argparse.Namespace, by_mode: dict[str, list[dict]]) -> dict[
             "halted_step": [r["halted_step"] for r in ranks],
             "steps_run": [len(r["steps"]) for r in ranks],
             "mean_step_s": mean_step_s(ranks),
+            "mean_loss": [mean_loss(r) for r in ranks],
         }
     out["agreed"] = all(m["same_decisions"] for m in out["modes"].values())
     if {"guard", "no_guard"} <= set(by_mode):
@@ -536,6 +546,8 @@ def report(args: argparse.Namespace, by_mode: dict[str, list[dict]], summary: di
             f"same decision on every rank at every step: {'yes' if s['same_decisions'] else 'NO'}",
             f"student identical on every rank: {'yes' if s['same_student'] else 'NO'}",
             "repairs per rank: " + ", ".join(f"rank {i}: {n}" for i, n in enumerate(s["repairs"])),
+            "mean loss per rank: "
+            + ", ".join(f"rank {i}: {_num(x)}" for i, x in enumerate(s["mean_loss"])),
             f"halted: {'at step ' + str(halted) if halted else 'no'} "
             f"(steps run per rank: {s['steps_run']})",
             f"mean step time (steps >= 1): {mean * 1e3:.1f} ms" if mean else "mean step time: -",
