@@ -33,6 +33,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from distill_guard import DistillGuard
+from distill_guard.alerts import Alerter
+from distill_guard.checks.canary import CanaryCheck
+from distill_guard.consensus import DistributedReducer
+from distill_guard.observations import RunSpec
+from distill_guard.policy import Action, Decision, Policy
+from distill_guard.teachers import TorchTeacher
+
 NO_MULTICAST = {
     "NCCL_NVLS_ENABLE": "0",
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
@@ -101,17 +109,20 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.update(NO_MULTICAST)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return worker(args)
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(args.nproc)
-    )
     (args.out / "summary.json").unlink(missing_ok=True)
-    mp.spawn(_spawned, args=(args,), nprocs=args.nproc, join=True)
+    mp.spawn(_spawned, args=(args, free_port()), nprocs=args.nproc, join=True)
     summary = json.loads((args.out / "summary.json").read_text())
     return 0 if summary["agreed"] else 1
 
 
-def _spawned(rank: int, args: argparse.Namespace) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank))
+def _spawned(rank: int, args: argparse.Namespace, port: int) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        WORLD_SIZE=str(args.nproc),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+    )
     worker(args)
 
 
@@ -260,8 +271,6 @@ class ColocatedRank:
         from torch.nn.parallel import DistributedDataParallel
         from transformers import Qwen3ForCausalLM
 
-        from distill_guard.teachers import TorchTeacher
-
         self.args, self.place = args, place
         self.mode = "guard" if guarded else "no_guard"
         self.out = args.out / self.mode
@@ -280,17 +289,10 @@ class ColocatedRank:
             enable_cpu_backup=self.backup,
             enable_deterministic_inference=True,
         )
-        self.guard = self._make_guard() if guarded else None
+        self.guard: DistillGuard | None = self._make_guard() if guarded else None
         self.checkpoint: Path | None = None
 
-    def _make_guard(self) -> Any:
-        from distill_guard import DistillGuard
-        from distill_guard.alerts import Alerter
-        from distill_guard.checks.canary import CanaryCheck
-        from distill_guard.consensus import DistributedReducer
-        from distill_guard.observations import RunSpec
-        from distill_guard.policy import Action, Policy
-
+    def _make_guard(self) -> DistillGuard:
         rank = self.place.rank
         events = self.out / f"guard.rank{rank}.jsonl"
         events.unlink(missing_ok=True)  # the event log appends; start this run's afresh
@@ -360,10 +362,10 @@ class ColocatedRank:
         return rec
 
     @staticmethod
-    def agree(rec: StepRecord, stage: str, decision: Any) -> Any:
+    def agree(rec: StepRecord, stage: str, decision: Decision) -> Decision:
         """Record the (already all-rank) decision of a stage; raise :class:`Halted` on a halt."""
         rec.actions[stage] = decision.action.value
-        if decision.action.value == "halt":
+        if decision.action is Action.HALT:
             raise Halted(stage)
         return decision
 
@@ -532,10 +534,16 @@ def summarize(args: argparse.Namespace, by_mode: dict[str, list[dict]]) -> dict[
 
 def report(args: argparse.Namespace, by_mode: dict[str, list[dict]], summary: dict) -> str:
     """Rank 0's table: per step, each rank's decision and step time; then the summary."""
+    first = next(iter(by_mode.values()))
+    region = (
+        "a torch_memory_saver region"
+        if all(r["torch_memory_saver"] for r in first)
+        else "an emulated region (no torch_memory_saver)"
+    )
     lines = [
-        f"{len(next(iter(by_mode.values())))} ranks, {args.backend} on {args.device}"
+        f"{len(first)} ranks, {args.backend} on {args.device}"
         f"{' (same GPU)' if args.same_gpu else ''}, V={args.vocab_size}, policy {args.policy}, "
-        f"faulty rank {args.faulty_rank}"
+        f"faulty rank {args.faulty_rank}, teacher weights in {region}"
     ]
     for mode, ranks in by_mode.items():
         s = summary["modes"][mode]
