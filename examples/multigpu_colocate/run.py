@@ -255,6 +255,8 @@ class StepRecord:
     halt: str | None = None
     """The stage at which every rank halted."""
     seconds: float = 0.0
+    guard_seconds: float = 0.0
+    """Time inside the guard's hooks (canary, checks, repairs, waiting for the other ranks)."""
 
 
 class ColocatedRank:
@@ -337,22 +339,23 @@ class ColocatedRank:
         t0 = time.perf_counter()
         try:
             self.teacher.resume()
-            if self.guard is not None:
-                before = self.guard.summary.repairs
-                self.agree(rec, "wake", self.guard.after_wake(step))
-                rec.repaired = self.guard.summary.repairs > before
+            repairs = self.guard.summary.repairs if self.guard is not None else 0
+            self.ask(rec, "wake", "after_wake", step)
+            rec.repaired = self.guard is not None and self.guard.summary.repairs > repairs
             ids = self.sample(step)
             topk_lp, topk_ids, token_lp = self.score(ids)
-            apply = True
-            if self.guard is not None:
-                d = self.guard.on_teacher_scores(
-                    step, token_logprobs=token_lp, topk_logprobs=topk_lp
-                )
-                apply = not self.agree(rec, "scores", d).acts  # skip/rewake: not these scores
-            metrics = self.learn(rec, ids, topk_lp, topk_ids) if apply else {}
-            if self.guard is not None:
-                self.agree(rec, "metrics", self.guard.on_step_metrics(step, metrics))
-                self.guard.before_sleep(step)
+            d = self.ask(
+                rec,
+                "scores",
+                "on_teacher_scores",
+                step,
+                token_logprobs=token_lp,
+                topk_logprobs=topk_lp,
+            )
+            train = d is None or not d.acts  # skip_batch / rewake: not on these scores
+            metrics = self.learn(rec, ids, topk_lp, topk_ids) if train else {}
+            self.ask(rec, "metrics", "on_step_metrics", step, metrics)
+            self.ask(rec, None, "before_sleep", step)
             self.teacher.release()
         except Halted as h:
             rec.halt = h.stage
@@ -361,9 +364,18 @@ class ColocatedRank:
         rec.seconds = time.perf_counter() - t0
         return rec
 
-    @staticmethod
-    def agree(rec: StepRecord, stage: str, decision: Decision) -> Decision:
-        """Record the (already all-rank) decision of a stage; raise :class:`Halted` on a halt."""
+    def ask(
+        self, rec: StepRecord, stage: str | None, hook: str, *args: Any, **kwargs: Any
+    ) -> Decision | None:
+        """Call a guard hook (nothing without a guard) and time it; record the stage's decision,
+        already agreed by all ranks, and raise :class:`Halted` on a halt."""
+        if self.guard is None:
+            return None
+        t0 = time.perf_counter()
+        decision = getattr(self.guard, hook)(*args, **kwargs)
+        rec.guard_seconds += time.perf_counter() - t0
+        if stage is None:
+            return None
         rec.actions[stage] = decision.action.value
         if decision.action is Action.HALT:
             raise Halted(stage)
@@ -496,11 +508,23 @@ def step_decision(step: dict[str, Any]) -> str:
     return ", ".join(acts) or ("continue" if step["actions"] else "-")
 
 
-def mean_step_s(ranks: list[dict[str, Any]]) -> float | None:
-    """Mean over ranks and completed steps, leaving out step 0 (first-call warm-up) if possible."""
+def timed_steps(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Completed steps of every rank, leaving out step 0 (first-call warm-up) where there are more."""
     done = [[s for s in r["steps"] if s["halt"] is None] for r in ranks]
-    times = [s["seconds"] for steps in done for s in (steps[1:] if len(steps) > 1 else steps)]
-    return statistics.fmean(times) if times else None
+    return [s for steps in done for s in (steps[1:] if len(steps) > 1 else steps)]
+
+
+def step_times(ranks: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Mean and median step time, and mean time inside the guard's hooks, in seconds."""
+    steps = timed_steps(ranks)
+    if not steps:
+        return {"mean": None, "median": None, "guard": None}
+    seconds = [s["seconds"] for s in steps]
+    return {
+        "mean": statistics.fmean(seconds),
+        "median": statistics.median(seconds),
+        "guard": statistics.fmean(s["guard_seconds"] for s in steps),
+    }
 
 
 def mean_loss(rank: dict[str, Any]) -> float | None:
@@ -522,13 +546,15 @@ def summarize(args: argparse.Namespace, by_mode: dict[str, list[dict]]) -> dict[
             "repairs": [r["repairs"] for r in ranks],
             "halted_step": [r["halted_step"] for r in ranks],
             "steps_run": [len(r["steps"]) for r in ranks],
-            "mean_step_s": mean_step_s(ranks),
+            "step_s": step_times(ranks),
             "mean_loss": [mean_loss(r) for r in ranks],
         }
     out["agreed"] = all(m["same_decisions"] for m in out["modes"].values())
     if {"guard", "no_guard"} <= set(by_mode):
-        g, b = out["modes"]["guard"]["mean_step_s"], out["modes"]["no_guard"]["mean_step_s"]
-        out["step_time_ratio"] = g / b if g and b else None
+        g, b = out["modes"]["guard"]["step_s"], out["modes"]["no_guard"]["step_s"]
+        out["step_time_ratio"] = {
+            k: g[k] / b[k] if g[k] and b[k] else None for k in ("mean", "median")
+        }
     return out
 
 
@@ -549,7 +575,6 @@ def report(args: argparse.Namespace, by_mode: dict[str, list[dict]], summary: di
         s = summary["modes"][mode]
         lines += ["", f"[{mode}]", _table(ranks)]
         halted = sorted({h for h in s["halted_step"] if h is not None})
-        mean = s["mean_step_s"]
         lines += [
             f"same decision on every rank at every step: {'yes' if s['same_decisions'] else 'NO'}",
             f"student identical on every rank: {'yes' if s['same_student'] else 'NO'}",
@@ -558,19 +583,30 @@ def report(args: argparse.Namespace, by_mode: dict[str, list[dict]], summary: di
             + ", ".join(f"rank {i}: {_num(x)}" for i, x in enumerate(s["mean_loss"])),
             f"halted: {'at step ' + str(halted) if halted else 'no'} "
             f"(steps run per rank: {s['steps_run']})",
-            f"mean step time (steps >= 1): {mean * 1e3:.1f} ms" if mean else "mean step time: -",
+            _times_line(s["step_s"]),
         ]
         if ranks[0]["halt_reason"]:
             lines.append(f"halt reason (rank 0): {ranks[0]['halt_reason']}")
-    if summary.get("step_time_ratio"):
-        g = summary["modes"]["guard"]["mean_step_s"] * 1e3
-        b = summary["modes"]["no_guard"]["mean_step_s"] * 1e3
+    ratio = summary.get("step_time_ratio")
+    if ratio and ratio["mean"]:
+        g, b = summary["modes"]["guard"]["step_s"], summary["modes"]["no_guard"]["step_s"]
         lines += [
             "",
-            f"step time with guard / without: {g:.1f} / {b:.1f} ms = "
-            f"{summary['step_time_ratio']:.3f}",
+            f"step time with guard / without: mean {g['mean'] * 1e3:.1f} / {b['mean'] * 1e3:.1f} ms"
+            f" = {ratio['mean']:.3f}; median {g['median'] * 1e3:.1f} / {b['median'] * 1e3:.1f} ms"
+            f" = {ratio['median']:.3f}",
         ]
     return "\n".join(lines)
+
+
+def _times_line(t: dict[str, float | None]) -> str:
+    if t["mean"] is None:
+        return "step time: - (no completed step)"
+    line = f"step time (steps >= 1, all ranks): mean {t['mean'] * 1e3:.1f} ms, median "
+    line += f"{t['median'] * 1e3:.1f} ms"
+    if t["guard"]:
+        line += f"; in the guard's hooks {t['guard'] * 1e3:.1f} ms ({t['guard'] / t['mean']:.1%})"
+    return line
 
 
 def _table(ranks: list[dict[str, Any]]) -> str:

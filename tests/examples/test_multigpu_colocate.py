@@ -79,7 +79,7 @@ def test_healthy_ranks_see_nothing_and_compare_prints_the_step_time_ratio(tmp_pa
     rc = run.main([*SMALL, "--out", str(tmp_path), "--steps", "3", "--compare"])
     assert rc == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert set(summary["modes"]) == {"guard", "no_guard"} and summary["step_time_ratio"] > 0
+    assert set(summary["modes"]) == {"guard", "no_guard"} and summary["step_time_ratio"]["mean"] > 0
     for r in (0, 1):
         rank = json.loads((tmp_path / "guard" / f"rank{r}.json").read_text())
         assert all(a == dict.fromkeys(run.STAGES, "continue") for a in _actions(rank))
