@@ -4,6 +4,8 @@ ranks while one rank's colocated teacher loses its weights at every wake."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -86,3 +88,18 @@ def test_healthy_ranks_see_nothing_and_compare_prints_the_step_time_ratio(tmp_pa
         loud = [e for e in _events(rank) if e.get("severity") in ("warn", "critical")]
         assert loud == [] and rank["repairs"] == 0
     assert "step time with guard / without:" in capfd.readouterr().out
+
+
+@pytest.mark.timeout(60)
+def test_the_watchdog_turns_a_hang_into_exit_124_with_stacks():
+    code = (
+        "import time; from examples.multigpu_colocate.run import start_watchdog; "
+        "start_watchdog(0.5, rank=1); time.sleep(30)"
+    )
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=50
+    )
+    assert proc.returncode == 124
+    assert "[rank 1] watchdog: the run did not finish within --timeout-s 0.5 s" in proc.stderr
+    assert 'File "<string>", line 1 in <module>' in proc.stderr  # the stuck main thread
