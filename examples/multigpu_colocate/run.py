@@ -55,6 +55,7 @@ STUDENT_NOISE = 0.3
 """The student is the teacher plus this much relative noise: a healthy JSD sits far below ln 2."""
 STAGES = ("wake", "scores", "metrics")
 """The guard's decision points in a step, in order (after_wake, on_teacher_scores, on_step_metrics)."""
+HOOKS = ("after_wake", "on_teacher_scores", "on_step_metrics", "before_sleep")
 
 
 # ---------------------------------------------------------------------------------- options
@@ -255,8 +256,8 @@ class StepRecord:
     halt: str | None = None
     """The stage at which every rank halted."""
     seconds: float = 0.0
-    guard_seconds: float = 0.0
-    """Time inside the guard's hooks (canary, checks, repairs, waiting for the other ranks)."""
+    guard_seconds: dict[str, float] = field(default_factory=dict)
+    """Time inside each guard hook (canary, checks, repairs, waiting for the other ranks)."""
 
 
 class ColocatedRank:
@@ -373,7 +374,7 @@ class ColocatedRank:
             return None
         t0 = time.perf_counter()
         decision = getattr(self.guard, hook)(*args, **kwargs)
-        rec.guard_seconds += time.perf_counter() - t0
+        rec.guard_seconds[hook] = time.perf_counter() - t0
         if stage is None:
             return None
         rec.actions[stage] = decision.action.value
@@ -515,15 +516,18 @@ def timed_steps(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def step_times(ranks: list[dict[str, Any]]) -> dict[str, float | None]:
-    """Mean and median step time, and mean time inside the guard's hooks, in seconds."""
+    """Mean and median step time, and mean time inside the guard's hooks (all, and per hook),
+    in seconds."""
     steps = timed_steps(ranks)
     if not steps:
-        return {"mean": None, "median": None, "guard": None}
+        return {"mean": None, "median": None, "guard": None, "hooks": {}}
     seconds = [s["seconds"] for s in steps]
+    hooks = {h: statistics.fmean(s["guard_seconds"].get(h, 0.0) for s in steps) for h in HOOKS}
     return {
         "mean": statistics.fmean(seconds),
         "median": statistics.median(seconds),
-        "guard": statistics.fmean(s["guard_seconds"] for s in steps),
+        "guard": sum(hooks.values()),
+        "hooks": hooks,
     }
 
 
@@ -605,7 +609,8 @@ def _times_line(t: dict[str, float | None]) -> str:
     line = f"step time (steps >= 1, all ranks): mean {t['mean'] * 1e3:.1f} ms, median "
     line += f"{t['median'] * 1e3:.1f} ms"
     if t["guard"]:
-        line += f"; in the guard's hooks {t['guard'] * 1e3:.1f} ms ({t['guard'] / t['mean']:.1%})"
+        line += f"; in the guard's hooks {t['guard'] * 1e3:.1f} ms ({t['guard'] / t['mean']:.1%}: "
+        line += ", ".join(f"{h} {x * 1e3:.1f}" for h, x in t["hooks"].items()) + ")"
     return line
 
 
