@@ -8,6 +8,11 @@ logs the same reason. It runs on its own gloo group with its own timeout, so a r
 hangs (a teacher call that never returns) becomes a halt on the others after ``timeout_s``, not a
 hang until NCCL's 30-minute watchdog.
 
+A rewake is carried out only by the ranks whose own checks asked for it (a healthy teacher is not
+reloaded because another rank's died); a second reduction at the same hook, on every rank, then
+shares the outcome: a repair that failed anywhere halts all, a repair elsewhere reaches each rank
+with the repairing rank's message and incident notice (rank 0 alerts once per incident).
+
 Limits:
 
 - **Every hook is a collective.** With a reducer set, every rank must call the guard's hooks the

@@ -276,11 +276,14 @@ class DistillGuard:
         if self.halted and self.stop_on_halt:
             return Decision(step, Action.HALT, message=self.summary.halt["message"])
         self._record(stage, findings)
-        decision = self.policy.decide(step, findings)
-        if self.reducer is not None:
-            decision = self._reduce(decision)
+        local = self.policy.decide(step, findings)
+        decision = local
         alert_text: str | None = ""
-        if decision.action is Action.REWAKE:
+        if self.reducer is not None:
+            decision = self._reduce(local)
+            if decision.action is Action.REWAKE:
+                decision, alert_text = self._rewake_across_ranks(stage, decision, local)
+        elif decision.action is Action.REWAKE:
             decision, alert_text = self._rewake(stage, decision)
         self.summary.add_decision(decision)
         if decision.action is not Action.CONTINUE:
@@ -318,6 +321,35 @@ class DistillGuard:
                 decision.reasons,
                 message=f"halt: ranks could not agree on a decision ({exc})",
             )
+
+    def _rewake_across_ranks(
+        self, stage: str, agreed: Decision, local: Decision
+    ) -> tuple[Decision, str | None]:
+        """An agreed rewake under a reducer: only the ranks whose own findings asked for it
+        repair their teacher (the others' teachers are fine: attribute before acting). A second
+        reduction, on every rank alike, then gives all ranks the outcome: a repair that failed
+        anywhere halts all, and a successful one reaches every rank with the repairing rank's
+        message and its incident notice (so rank 0, the one that talks to wandb, alerts once per
+        incident with the fix, not at every wake). Returns the decision and the alert text.
+        """
+        if local.action is not Action.REWAKE:
+            outcome = local
+        else:
+            outcome, alert_text = self._rewake(stage, agreed)
+            if outcome.action is Action.REWAKE and alert_text != "":  # a repair was made here
+                notice = Finding(
+                    Code.TEACHER_REPAIRED,
+                    Severity.WARN,
+                    alert_text or outcome.message,
+                    outcome.step,
+                    {"rank": self.rank, "alert": alert_text is not None},
+                )
+                outcome = dataclasses.replace(outcome, reasons=(*outcome.reasons, notice))
+        decision = self._reduce(outcome)
+        repaired = [f for f in decision.reasons if f.code == Code.TEACHER_REPAIRED]
+        if not repaired:
+            return decision, ""
+        return decision, (repaired[-1].message if repaired[-1].values.get("alert") else None)
 
     def _rewake(self, stage: str, decision: Decision) -> tuple[Decision, str | None]:
         """Carry out a rewake if this guard holds the teacher; else leave it to the adapter.
@@ -368,7 +400,9 @@ class DistillGuard:
         ), outcome.findings[0].message
 
     def _alert(self, decision: Decision, extra: str = "") -> None:
-        codes = sorted({f.code for f in decision.reasons}) or ["unknown"]
+        # the title names the cause; a shared repair notice (several ranks) is not one
+        causes = {f.code for f in decision.reasons if f.code != Code.TEACHER_REPAIRED}
+        codes = sorted(causes or {f.code for f in decision.reasons}) or ["unknown"]
         level = "ERROR" if decision.acts or decision.intended is not None else "WARN"
         title = alert_title(codes[0], decision.action.value if decision.acts else None)
         first = decision.reasons[0].message if decision.reasons else decision.message

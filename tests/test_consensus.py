@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 
 from distill_guard.alerts import Alerter
 from distill_guard.consensus import CONSENSUS_FAILED, DistributedReducer, _priority
-from distill_guard.findings import Code
+from distill_guard.findings import Code, Finding, Severity
 from distill_guard.guard import DistillGuard
 from distill_guard.observations import RunSpec
 from distill_guard.policy import Action, Decision, Policy
@@ -60,10 +60,10 @@ class QuietTeacher:
     asleep = False
 
 
-def _guard(rank, out, *, timeout_s=20.0, **kwargs):
+def _guard(rank, out, *, timeout_s=20.0, policy=None, **kwargs):
     run = FakeRun()
     guard = DistillGuard(
-        policy=Policy(critical_action="halt"),
+        policy=policy or Policy(critical_action="halt"),
         run=RunSpec(vocab_size=V),
         events=out / f"events{rank}.jsonl",
         alerter=Alerter(rank=rank, run=run, min_interval_s=0.0),
@@ -113,6 +113,71 @@ def scenario_teacher_times_out(rank, out):
     guard, run = _guard(rank, out, teacher=QuietTeacher(), canary=canary)
     t0 = time.monotonic()
     return {"wake": _record(guard.after_wake(0), t0), "alerts": run.alerts}
+
+
+class WeightLosingTeacher:
+    """Loses its weights at every wake when ``faulty``; a reload brings them back if ``fixable``."""
+
+    vocab_size = V
+    asleep = False
+
+    def __init__(self, faulty, fixable=True):
+        self.faulty, self.fixable = faulty, fixable
+        self.broken = False
+        self.reloads = 0
+
+    def wake(self):
+        self.broken = self.faulty
+
+    def reload_weights(self, model_path=None):
+        self.reloads += 1
+        self.broken = self.broken and not self.fixable
+
+    def flush_cache(self):
+        pass
+
+
+class BrokenOrNotCanary:
+    def verify(self, teacher, step=None):
+        if not teacher.broken:
+            return []
+        return [Finding(Code.TEACHER_UNIFORM, Severity.CRITICAL, "canary: uniform", step)]
+
+    def fingerprint(self, teacher, step=None):
+        return None
+
+
+def _wakes(rank, out, *, fixable, steps):
+    teacher = WeightLosingTeacher(faulty=rank == 1, fixable=fixable)
+    guard, run = _guard(
+        rank,
+        out,
+        policy=Policy(),  # the default preset: rewake
+        teacher=teacher,
+        canary=BrokenOrNotCanary(),
+        repair_attempts=1,
+        repair_backoff_s=0.0,
+    )
+    t0 = time.monotonic()
+    wakes = []
+    for step in range(steps):
+        teacher.wake()
+        wakes.append(_record(guard.after_wake(step), t0))
+    return {
+        "wakes": wakes,
+        "reloads": teacher.reloads,
+        "repairs": guard.summary.repairs,
+        "halted": guard.halted,
+        "alerts": run.alerts,
+    }
+
+
+def scenario_one_rank_loses_weights_at_every_wake(rank, out):
+    return _wakes(rank, out, fixable=True, steps=3)
+
+
+def scenario_one_ranks_repair_fails(rank, out):
+    return _wakes(rank, out, fixable=False, steps=1)
 
 
 def scenario_rank_stalls(rank, out):
@@ -200,6 +265,39 @@ def test_one_ranks_teacher_timing_out_is_a_shared_warning_not_a_hang(tmp_path):
     assert r0["wake"]["message"].startswith("rank 1:")
     assert 0.9 < r0["wake"]["elapsed"] < 10  # rank 0 waited for rank 1's teacher, no longer
     assert [a["level"] for a in r0["alerts"]] == ["WARN"] and r1["alerts"] == []
+
+
+@pytest.mark.timeout(30)
+def test_only_the_faulty_rank_repairs_and_rank_0_alerts_once_per_incident(tmp_path):
+    (r0, r1), _ = _spawn("scenario_one_rank_loses_weights_at_every_wake", tmp_path)
+    for r in (r0, r1):
+        assert [w["action"] for w in r["wakes"]] == ["rewake"] * 3 and not r["halted"]
+        assert all(Code.TEACHER_UNIFORM in w["codes"] for w in r["wakes"])
+    assert (r0["reloads"], r0["repairs"]) == (0, 0)  # a healthy teacher is left alone
+    assert (r1["reloads"], r1["repairs"]) == (3, 3)
+    assert all(w["message"].startswith("rank 1: rewake") for w in r0["wakes"])
+    assert all("teacher repaired" in w["message"] for w in r0["wakes"])
+    # one incident, one wandb alert from rank 0, carrying rank 1's fix; not one per wake
+    assert [(a["level"], a["title"]) for a in r0["alerts"]] == [
+        ("ERROR", "distill_guard rewake: teacher.uniform")
+    ]
+    assert r1["alerts"] == []
+    assert not any(e["kind"].startswith("repair") for e in _events(tmp_path / "events0.jsonl"))
+
+
+@pytest.mark.timeout(30)
+def test_a_repair_that_fails_on_one_rank_halts_every_rank_in_the_same_step(tmp_path):
+    (r0, r1), _ = _spawn("scenario_one_ranks_repair_fails", tmp_path)
+    for r in (r0, r1):
+        (wake,) = r["wakes"]
+        assert wake["action"] == "halt" and Code.TEACHER_REPAIR_FAILED in wake["codes"]
+        assert r["halted"]
+    assert r0["reloads"] == 0 and r1["reloads"] == 1
+    assert r0["wakes"][0]["message"].startswith("rank 1: halt: teacher repair failed")
+    assert [a["level"] for a in r0["alerts"]] == ["ERROR"]
+    for rank in (0, 1):
+        halts = [e for e in _events(tmp_path / f"events{rank}.jsonl") if e["kind"] == "halt"]
+        assert len(halts) == 1 and halts[0]["step"] == 0
 
 
 @pytest.mark.timeout(30)
