@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ.update(NO_MULTICAST)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        return worker(args)
+        _exit_without_teardown(worker(args))
     (args.out / "summary.json").unlink(missing_ok=True)
     mp.spawn(_spawned, args=(args, free_port()), nprocs=args.nproc, join=True)
     summary = json.loads((args.out / "summary.json").read_text())
@@ -124,7 +124,20 @@ def _spawned(rank: int, args: argparse.Namespace, port: int) -> None:
         RANK=str(rank),
         LOCAL_RANK=str(rank),
     )
-    worker(args)
+    _exit_without_teardown(worker(args))
+
+
+def _exit_without_teardown(code: int) -> None:
+    """End a rank once its results are written, skipping interpreter teardown.
+
+    On an H200 with torch_memory_saver 0.0.10 (torch hook mode) a rank whose teacher lived in a
+    memory-saver region exited with status 1 during interpreter shutdown, after all its work was
+    done and written, with or without the guard; the cause was not established. Exiting here
+    keeps the status the rank's own.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def free_port() -> int:
@@ -464,6 +477,8 @@ class ColocatedRank:
         """Free this mode's teacher and student before the next mode builds its own."""
         if self.guard is not None:
             self.guard.close()
+        if self.teacher.asleep:  # free mapped memory: a paused torch_memory_saver region
+            self.teacher.resume()  # freed as such broke the next region's allocation on an H200
         del self.teacher, self.student, self.optimizer, self.guard
         gc.collect()
         if self.place.device.type == "cuda":
