@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import platform
 import resource
 import statistics
@@ -96,17 +97,19 @@ def run_child(method: str) -> dict:
 
 
 def main() -> None:
+    print(
+        f"# distill_guard signal benchmarks  torch {torch.__version__}  "
+        f"{platform.processor() or platform.machine()}  load average {os.getloadavg()[0]:.2f}"
+    )
+    for threads in (2, 1):
+        torch.set_num_threads(threads)
+        tc = bench_teacher_check()
+        print(
+            f"teacher check, {N_TOKENS} tokens x top-{TOP_K}, {threads} torch thread(s): healthy "
+            f"{tc['check_healthy_ms']:.2f} ms, uniform {tc['check_uniform_ms']:.2f} ms "
+            f"(target <= 20 ms); one x.sum() pass {tc['one_pass_sum_ms']:.2f} ms"
+        )
     torch.set_num_threads(2)
-    print(
-        f"# distill_guard signal benchmarks  torch {torch.__version__}  {platform.processor() or platform.machine()}  "
-        f"threads {torch.get_num_threads()}"
-    )
-    tc = bench_teacher_check()
-    print(
-        f"teacher check, {N_TOKENS} tokens x top-{TOP_K}: healthy {tc['check_healthy_ms']:.2f} ms, "
-        f"uniform {tc['check_uniform_ms']:.2f} ms (target <= 20 ms); one x.sum() pass "
-        f"{tc['one_pass_sum_ms']:.2f} ms -> check = {tc['check_healthy_ms'] / tc['one_pass_sum_ms']:.1f}x one pass"
-    )
     base, chunk = run_child("baseline"), run_child("chunked")
     assert abs(base["mean_entropy"] - chunk["mean_entropy"]) < 1e-3, (base, chunk)
     print(
