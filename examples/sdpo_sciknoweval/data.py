@@ -285,17 +285,26 @@ def generate_items(
     return items
 
 
-def build_dataset(
-    seed: int = 0, variants_per_stem: int = 4, eval_ratio: float = 0.15
-) -> tuple[list[MCQItem], list[MCQItem]]:
+@dataclass(frozen=True)
+class DataConfig:
+    """Which synthetic items exist and how they split."""
+
+    seed: int = 0
+    variants_per_stem: int = 12
+    eval_ratio: float = 0.05
+
+
+def build_dataset(cfg: DataConfig | None = None) -> tuple[list[MCQItem], list[MCQItem]]:
     """Seeded train/eval split of ``generate_items``.
 
     Eval items are held out as items, not as stems: they ask questions seen in training with
-    fresh distractors, so a student can only answer them by knowing the answers.
+    fresh distractors, so a student can only answer them by knowing the answers. Many variants
+    per stem keep a student from passing by memorising whole items instead.
     """
-    items = generate_items(seed, variants_per_stem)
-    random.Random(seed + 1).shuffle(items)
-    n_eval = round(len(items) * eval_ratio)
+    cfg = cfg or DataConfig()
+    items = generate_items(cfg.seed, cfg.variants_per_stem)
+    random.Random(cfg.seed + 1).shuffle(items)
+    n_eval = round(len(items) * cfg.eval_ratio)
     return items[n_eval:], items[:n_eval]
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
-from examples.sdpo_sciknoweval.data import MCQItem, build_dataset, generate_items
+from examples.sdpo_sciknoweval.data import DataConfig, MCQItem, build_dataset
 from examples.sdpo_sciknoweval.models import ModelSize, build_model, load_model, save_model
 from examples.sdpo_sciknoweval.opd import evaluate, prompt_ids, response_logits, token_entropy
 from examples.sdpo_sciknoweval.tokenizer import WordTokenizer, build_tokenizer
@@ -39,12 +39,11 @@ class SFTConfig:
 
 @dataclass(frozen=True)
 class PretrainConfig:
-    """Both warm-ups. The teacher learns from fresh variants of every question (never an eval
-    prompt). The student learns from the train items of a seeded ``student_question_fraction``
-    of the questions: enough to master the format, too few to know most answers."""
+    """Both warm-ups. The teacher learns every train item; the student only the train items of
+    a seeded ``student_question_fraction`` of the questions: enough to master the format, too
+    few to know most answers."""
 
-    data_seed: int = 0
-    teacher_variants_per_stem: int = 12
+    data: DataConfig = field(default_factory=DataConfig)
     student_question_fraction: float = 0.2
     teacher: SFTConfig = field(
         default_factory=lambda: SFTConfig(ModelSize(hidden_size=64), seed=1, steps=250, lr=3e-3)
@@ -54,9 +53,16 @@ class PretrainConfig:
     )
 
 
-def config_hash(cfg: PretrainConfig, tokenizer: WordTokenizer) -> str:
-    """Identifies a cache: changes to the config or to the vocabulary invalidate it."""
-    payload = json.dumps({"cfg": asdict(cfg), "vocab": tokenizer.id_to_piece}, sort_keys=True)
+def config_hash(cfg: PretrainConfig, tokenizer: WordTokenizer, items: list[MCQItem]) -> str:
+    """Identifies a cache: a change to the config, the vocabulary or the items invalidates it."""
+    payload = json.dumps(
+        {
+            "cfg": asdict(cfg),
+            "vocab": tokenizer.id_to_piece,
+            "items": [(i.prompt, i.answer) for i in items],
+        },
+        sort_keys=True,
+    )
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -107,19 +113,13 @@ def pretrain(out_dir: str | Path, cfg: PretrainConfig | None = None) -> tuple[Pa
     cfg = cfg or PretrainConfig()
     out_dir = Path(out_dir)
     tokenizer = build_tokenizer()
-    digest = config_hash(cfg, tokenizer)
+    train, eval_items = build_dataset(cfg.data)
+    digest = config_hash(cfg, tokenizer, train + eval_items)
     record_path = out_dir / "pretrain.json"
     teacher_dir, student_dir = out_dir / "teacher", out_dir / "student"
     if record_path.exists() and json.loads(record_path.read_text())["hash"] == digest:
         return teacher_dir, student_dir
 
-    train, eval_items = build_dataset(cfg.data_seed)
-    eval_prompts = {item.prompt for item in eval_items}
-    teacher_items = [
-        item
-        for item in generate_items(cfg.data_seed, cfg.teacher_variants_per_stem, cfg.data_seed + 1)
-        if item.prompt not in eval_prompts
-    ]
     questions = sorted({item.question for item in train})
     known = set(
         random.Random(cfg.student.seed).sample(
@@ -129,7 +129,7 @@ def pretrain(out_dir: str | Path, cfg: PretrainConfig | None = None) -> tuple[Pa
     student_items = [item for item in train if item.question in known]
     record: dict = {"hash": digest, "config": asdict(cfg)}
     for name, sft_cfg, items, path in (
-        ("teacher", cfg.teacher, teacher_items, teacher_dir),
+        ("teacher", cfg.teacher, train, teacher_dir),
         ("student", cfg.student, student_items, student_dir),
     ):
         start, cpu_start = time.perf_counter(), time.process_time()
@@ -146,7 +146,9 @@ def pretrain(out_dir: str | Path, cfg: PretrainConfig | None = None) -> tuple[Pa
     return teacher_dir, student_dir
 
 
-def load_pretrained(out_dir: str | Path, cfg: PretrainConfig | None = None):
+def load_pretrained(
+    out_dir: str | Path, cfg: PretrainConfig | None = None
+) -> tuple[PreTrainedModel, PreTrainedModel]:
     """``(teacher, student)`` models from ``pretrain`` (trained first if the cache is stale)."""
     teacher_dir, student_dir = pretrain(out_dir, cfg)
     return load_model(teacher_dir), load_model(student_dir)

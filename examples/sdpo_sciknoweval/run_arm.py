@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+import transformers
 from transformers import PreTrainedModel
 
 from examples.sdpo_sciknoweval import data
@@ -55,6 +56,10 @@ class ArmConfig:
     token_selection: str = "student_topk"
     eval_every: int = 5
     seed: int = 0
+
+    def __post_init__(self):
+        if self.token_selection not in ("student_topk", "teacher_topk"):
+            raise ValueError(f"unknown token_selection {self.token_selection!r}")
 
 
 class HFTeacherScorer:
@@ -172,7 +177,6 @@ def run_arm(
     step, in a final record ``{"step": steps, ...}``.
     """
     torch.set_num_threads(2)
-    torch.manual_seed(cfg.seed)
     generator = torch.Generator().manual_seed(cfg.seed)
     optimizer = torch.optim.AdamW(student.parameters(), lr=cfg.lr, weight_decay=0.0)
     warmup = torch.optim.lr_scheduler.LambdaLR(
@@ -208,6 +212,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--token-selection", default=ArmConfig.token_selection)
     parser.add_argument("--seed", type=int, default=ArmConfig.seed)
     args = parser.parse_args(argv)
+    transformers.utils.logging.disable_progress_bar()
     cfg = ArmConfig(
         steps=args.steps,
         lr=args.lr,
@@ -218,7 +223,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     pretrain_cfg = PretrainConfig()
     teacher, student = load_pretrained(args.out, pretrain_cfg)
     tokenizer = build_tokenizer()
-    train, eval_items = build_dataset(pretrain_cfg.data_seed)
+    train, eval_items = build_dataset(pretrain_cfg.data)
     wake = (lambda: zero_weights(teacher)) if args.corrupt else None
     arm = "corrupt" if args.corrupt else "healthy"
     log_path = Path(args.out) / f"{arm}.jsonl"

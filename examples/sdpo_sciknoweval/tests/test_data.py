@@ -3,6 +3,7 @@ import json
 from examples.sdpo_sciknoweval.data import (
     INSTRUCTION,
     LETTERS,
+    DataConfig,
     MCQItem,
     build_dataset,
     load_sciknoweval_jsonl,
@@ -11,19 +12,19 @@ from examples.sdpo_sciknoweval.data import (
 
 
 def test_dataset_is_deterministic_and_seeded():
-    assert build_dataset(0) == build_dataset(0)
-    assert build_dataset(0) != build_dataset(1)
+    assert build_dataset() == build_dataset()
+    assert build_dataset() != build_dataset(DataConfig(seed=1))
 
 
 def test_split_is_disjoint_and_large_enough():
-    train, eval_items = build_dataset(0)
+    train, eval_items = build_dataset()
     assert not {i.prompt for i in train} & {i.prompt for i in eval_items}
     assert len({i.question for i in train + eval_items}) >= 200
-    assert 0.1 < len(eval_items) / (len(train) + len(eval_items)) < 0.2
+    assert len(eval_items) == round(0.05 * (len(train) + len(eval_items)))
 
 
 def test_prompt_follows_the_recipe_layout():
-    item = build_dataset(0)[0][0]
+    item = build_dataset()[0][0]
     lines = item.prompt.split("\n")
     assert lines[0] == item.question and lines[1] == ""
     assert [line[:3] for line in lines[2:6]] == [f"{letter}: " for letter in LETTERS]

@@ -89,7 +89,7 @@ def test_entropy_of_uniform_logits_is_ln_v():
 def tiny():
     tok = build_tokenizer()
     size = ModelSize(hidden_size=32, num_layers=1, intermediate_size=64, vocab_multiple=1024)
-    return tok, build_model(size, tok, seed=0), build_dataset(0)[1][:6]
+    return tok, build_model(size, tok, seed=0), build_dataset()[1][:6]
 
 
 def test_batched_sampling_matches_one_at_a_time_and_tracks_truncation(tiny):

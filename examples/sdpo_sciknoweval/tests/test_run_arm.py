@@ -14,7 +14,7 @@ TINY = ModelSize(hidden_size=32, num_layers=1, intermediate_size=64, vocab_multi
 @pytest.fixture()
 def setup():
     tok = build_tokenizer()
-    train, eval_items = build_dataset(0)
+    train, eval_items = build_dataset()
     return tok, train[:32], eval_items[:8]
 
 

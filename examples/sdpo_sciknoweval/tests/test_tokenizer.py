@@ -4,7 +4,7 @@ from examples.sdpo_sciknoweval.tokenizer import UNK, build_tokenizer
 
 def test_round_trip_on_every_prompt_and_target():
     tok = build_tokenizer()
-    train, eval_items = build_dataset(0)
+    train, eval_items = build_dataset()
     for item in train + eval_items:
         text = item.prompt + item.target
         ids = tok.encode(text, add_bos=True, add_eos=True)
