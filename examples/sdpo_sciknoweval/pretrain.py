@@ -1,9 +1,10 @@
 """Supervised warm-up of the miniature's teacher and student, cached on disk.
 
 The teacher is trained until it answers almost every question (the recipe's strong teacher);
-the student only briefly, so it emits ``<answer>X</answer>`` reliably with low entropy but
-knows few answers, which leaves on-policy distillation something to teach. Both are written
-under one folder and reused while the config hash (config + tokenizer vocabulary) matches.
+the student briefly and on a fifth of the questions, so it emits ``<answer>X</answer>``
+reliably with low entropy but knows few answers, which leaves on-policy distillation something
+to teach. Both are written under one folder and reused while the config hash (config,
+vocabulary and items) matches.
 """
 
 from __future__ import annotations
