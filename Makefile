@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m examples.demo
+	$(PY) -m examples.sdpo_sciknoweval.app
 
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider

@@ -47,6 +47,8 @@ class Alerter:
 
     def __post_init__(self) -> None:
         self._last_sent: dict[str, float] = {}
+        self._last_logged: dict[str, float] = {}
+        self._repeats: dict[str, int] = {}
 
     def alert(self, title: str, text: str, level: str = "WARN") -> bool:
         """Log the alert; send it to wandb unless throttled. True if wandb accepted it."""
@@ -55,7 +57,7 @@ class Alerter:
         title = title[:MAX_TITLE]
         log_level = {"INFO": logging.INFO, "WARN": logging.WARNING, "ERROR": logging.ERROR}[level]
         if self.log_alerts:
-            log.log(log_level, "%s: %s", title, text)
+            self._log(log_level, title, text)
         if self.rank != 0 or not self.use_wandb:
             return False
         now = self.clock()
@@ -76,6 +78,20 @@ class Alerter:
             log.warning("distill_guard: wandb alert %r failed: %s", title, exc)
             return False
         return True
+
+
+    def _log(self, level: int, title: str, text: str) -> None:
+        """Every alert reaches the log; a repeat of a title inside the throttle window is one
+        line, so a fault that recurs at every step does not bury the first full message."""
+        now = self.clock()
+        last = self._last_logged.get(title)
+        if last is not None and now - last < self.min_interval_s:
+            self._repeats[title] = self._repeats.get(title, 0) + 1
+            log.log(level, "%s (repeat %d): %s", title, self._repeats[title], text.splitlines()[0])
+            return
+        self._last_logged[title] = now
+        self._repeats[title] = 0
+        log.log(level, "%s: %s", title, text)
 
 
 def _active_wandb_run() -> Any:

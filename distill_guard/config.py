@@ -99,19 +99,29 @@ register_configs()
 
 
 def compose_guard_config(preset: str = "default", overrides: list[str] | None = None) -> DictConfig:
-    """Compose a preset outside a Hydra app (CLI, notebooks, tests); raises on unknown keys.
+    """Compose a preset outside a Hydra app (CLI, notebooks, tests) or inside one; raises on
+    unknown keys.
 
     ``overrides`` are relative to the guard node: ``["run.vocab_size=151936"]``.
     """
     from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
 
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
-    with initialize_config_module(config_module="distill_guard.conf", version_base="1.3"):
-        cfg = compose(
-            config_name="guard_app",
-            overrides=[f"guard={preset}", *(f"guard.{o}" for o in overrides or [])],
-        )
+    # Inside a running Hydra app the global state is the app's: set it aside, then restore it.
+    app = GlobalHydra.instance().hydra if GlobalHydra.instance().is_initialized() else None
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module(config_module="distill_guard.conf", version_base="1.3"):
+            cfg = compose(
+                config_name="guard_app",
+                overrides=[f"guard={preset}", *(f"guard.{o}" for o in overrides or [])],
+            )
+    finally:
+        GlobalHydra.instance().clear()
+        if app is not None:
+            GlobalHydra.instance().initialize(app)
     return cfg.guard
 
 

@@ -163,3 +163,17 @@ def test_two_guards_from_one_config_share_no_state():
     a, b = build_guard(cfg), build_guard(cfg)
     assert all(x is not y for x, y in zip(a.checks, b.checks))
     assert a.policy is not b.policy
+
+
+def test_compose_guard_config_works_inside_a_running_hydra_app(tmp_path):
+    """A user's Hydra app that builds a guard by preset name (StepGuard("default") does) must not
+    trip over Hydra's global state, and must find its own state intact afterwards."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    (tmp_path / "app.yaml").write_text("answer: 42\n")
+    with initialize_config_dir(config_dir=str(tmp_path), version_base="1.3"):
+        guard_cfg = compose_guard_config("strict", ["run.vocab_size=7"])
+        assert guard_cfg.run.vocab_size == 7 and guard_cfg.policy.halt_after_critical_steps == 2
+        assert GlobalHydra.instance().is_initialized()
+        assert compose(config_name="app").answer == 42  # the app's search path is back

@@ -36,6 +36,9 @@ from examples.sdpo_sciknoweval.pretrain import PretrainConfig, load_pretrained
 from examples.sdpo_sciknoweval.tokenizer import WordTokenizer, build_tokenizer
 
 Scorer = Callable[[list[list[int]], int, int], tuple[list[torch.Tensor], list[torch.Tensor]]]
+Check = Callable[[int, torch.Tensor, torch.Tensor], bool]
+"""``check(step, teacher_top16_logprobs [N, k], teacher_token_logprobs [N])`` after scoring and
+before the update: False drops this batch's update (a guard's skip_batch / rewake)."""
 
 
 @dataclass(frozen=True)
@@ -132,28 +135,38 @@ def opd_step(
     score: Scorer,
     cfg: ArmConfig,
     generator: torch.Generator,
+    check: Check | None = None,
+    step: int = 0,
 ) -> dict:
-    """Sample, score, take one optimizer step; return the step's metrics (pre-update)."""
+    """Sample, score, ask ``check``, take one optimizer step; return the step's metrics
+    (pre-update) with ``trained`` saying whether the update was applied."""
     prompts = prompt_ids(items, tokenizer)
     rollout = sample_responses(student, prompts, cfg.max_new_tokens, cfg.temperature, generator)
     full = cfg.token_selection == "student_topk"
     k_request = student.config.vocab_size if full else cfg.top_k
     t_ids, t_lps = _teacher_rows(score, prompts, rollout.responses, k_request)
     logits, mask = response_logits(student, prompts, rollout.responses)
+    sampled = torch.tensor([r + [0] * (mask.shape[1] - len(r)) for r in rollout.responses])
     if full:
         dense = torch.zeros_like(t_lps).scatter_(-1, t_ids, t_lps)
         ids = logits.detach().topk(cfg.top_k, dim=-1).indices
-        sampled = torch.tensor([r + [0] * (mask.shape[1] - len(r)) for r in rollout.responses])
-        teacher_logprob = dense.gather(-1, sampled[..., None]).squeeze(-1)[mask].mean()
+        token_lps = dense.gather(-1, sampled[..., None]).squeeze(-1)
         lps = dense.gather(-1, ids)
+        teacher_logprob = token_lps[mask].mean()
     else:
         ids, lps = t_ids, t_lps
+        token_lps = None
         teacher_logprob = t_lps[..., 0][mask].mean()
+    trained = True
+    if check is not None:
+        top = t_lps[..., : cfg.top_k][mask]
+        trained = check(step, top, token_lps[mask] if token_lps is not None else None)
     _, loss = jsd_topk_tail_loss(logits[mask], ids[mask], lps[mask], cfg.beta)
     optimizer.zero_grad()
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
-    optimizer.step()
+    if trained:
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
+        optimizer.step()
     rewards = [
         data.score(tokenizer.decode(r), it.answer) for r, it in zip(rollout.responses, items)
     ]
@@ -162,6 +175,7 @@ def opd_step(
         **student_stats(logits.detach(), mask, rollout, tokenizer.eos_id),
         "teacher_logprob": teacher_logprob.item(),
         "reward": sum(rewards) / len(rewards),
+        "trained": trained,
     }
 
 
@@ -172,14 +186,18 @@ def run_arm(
     eval_items: list[MCQItem],
     score: Scorer,
     cfg: ArmConfig,
-    wake: Callable[[], None] | None = None,
+    wake: Callable[[int], None] | None = None,
     on_step: Callable[[dict], None] | None = None,
+    check: Check | None = None,
+    sleep: Callable[[int], None] | None = None,
 ) -> list[dict]:
     """Train ``student`` in place for ``cfg.steps`` OPD steps; return one record per step.
 
     Record ``i`` holds step ``i``'s loss and rollout statistics; ``eval_accuracy`` (greedy, on
     ``eval_items``) is measured before steps ``0, eval_every, ...`` and once more after the last
-    step, in a final record ``{"step": steps, ...}``.
+    step, in a final record ``{"step": steps, ...}``. ``wake(step)`` runs before each scoring and
+    ``sleep(step)`` after each update (where a colocated trainer wakes and sleeps its teacher);
+    ``check`` may veto an update (see :data:`Check`); ``on_step`` sees each finished record.
     """
     torch.set_num_threads(2)
     generator = torch.Generator().manual_seed(cfg.seed)
@@ -195,10 +213,14 @@ def run_arm(
         if step < cfg.steps:
             index = torch.randint(len(train_items), (cfg.batch_size,), generator=generator)
             if wake is not None:
-                wake()
+                wake(step)
             batch = [train_items[i] for i in index]
-            record |= opd_step(student, optimizer, batch, tokenizer, score, cfg, generator)
+            record |= opd_step(
+                student, optimizer, batch, tokenizer, score, cfg, generator, check, step
+            )
             warmup.step()
+            if sleep is not None:
+                sleep(step)
         record["seconds"] = round(time.perf_counter() - start, 2)
         records.append(record)
         if on_step is not None:
@@ -233,7 +255,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     teacher, student = load_pretrained(args.out, pretrain_cfg)
     tokenizer = build_tokenizer()
     train, eval_items = build_dataset(pretrain_cfg.data)
-    wake = (lambda: zero_weights(teacher)) if args.corrupt else None
+    wake = (lambda step: zero_weights(teacher)) if args.corrupt else None
     arm = "corrupt" if args.corrupt else "healthy"
     log_path = Path(args.out) / f"{arm}.jsonl"
     with log_path.open("w") as log:

@@ -41,7 +41,7 @@ def test_three_step_smoke(setup, selection, corrupt):
         steps=3, batch_size=4, max_new_tokens=4, eval_every=2, token_selection=selection
     )
     before = [p.clone() for p in student.parameters()]
-    wake = (lambda: zero_weights(teacher)) if corrupt else None
+    wake = (lambda step: zero_weights(teacher)) if corrupt else None
     seen = []
     records = run_arm(
         student, tok, train, eval_items, HFTeacherScorer(teacher), cfg, wake, seen.append

@@ -1,0 +1,175 @@
+"""``make demo``: SDPO on a SciKnowEval-style biology set, three arms, one command.
+
+A small Qwen3-architecture student samples answers; a trained teacher scores them (top-16 JSD,
+β = 0.5, with a tail bin, at the student's top-16 as the recipe does); the teacher is put to
+sleep and woken every step through the ``Teacher`` protocol. Writes ``summary.json``,
+``timeline.png``, one event file and one wandb run (offline by default) per arm under
+``out_dir`` and prints the verdict. Configs: ``conf/sdpo_sciknoweval.yaml``.
+
+Run: ``python -m examples.sdpo_sciknoweval.app [arm.steps=30] [teacher=reference_server] ...``
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import hydra
+import torch
+import transformers
+from omegaconf import DictConfig, OmegaConf
+
+from distill_guard.teachers import SGLangHTTPTeacher, Teacher, TorchTeacher
+from examples.sdpo_sciknoweval.arms import ARMS, ArmSpec, make_guard, run_guarded_arm
+from examples.sdpo_sciknoweval.data import DataConfig, build_dataset
+from examples.sdpo_sciknoweval.models import load_model
+from examples.sdpo_sciknoweval.pretrain import PretrainConfig, pretrain
+from examples.sdpo_sciknoweval.run_arm import ArmConfig
+from examples.sdpo_sciknoweval.summary import arm_summary, format_table, plot_timeline
+from examples.sdpo_sciknoweval.tokenizer import build_tokenizer
+
+log = logging.getLogger("sdpo_demo")
+
+
+@contextlib.contextmanager
+def open_teacher(cfg: DictConfig, teacher_dir: Path, backup: bool) -> Iterator[Teacher]:
+    """The arm's teacher, as configured: in process, behind the reference server, or a URL."""
+    kind = cfg.teacher.kind
+    if kind == "torch":
+        yield TorchTeacher.from_pretrained(
+            teacher_dir, enable_cpu_backup=backup, fault=cfg.teacher.fault
+        )
+    elif kind == "reference_server":
+        from distill_guard.teachers.testing import reference_teacher
+
+        with reference_teacher(teacher_dir, enable_cpu_backup=backup, fault=cfg.teacher.fault) as (
+            url,
+            _,
+        ):
+            yield SGLangHTTPTeacher(url, timeout_s=cfg.teacher.timeout_s)
+    elif kind == "sglang_http":
+        # A real server keeps the backup setting it was launched with; the arm's is not applied.
+        yield SGLangHTTPTeacher(cfg.teacher.url, timeout_s=cfg.teacher.timeout_s)
+    else:
+        raise ValueError(
+            f"teacher.kind must be torch, reference_server or sglang_http, got {kind!r}"
+        )
+
+
+def open_wandb(cfg: DictConfig, arm: str, out: Path) -> Any:
+    if cfg.wandb.mode == "disabled":
+        return None
+    import wandb
+
+    return wandb.init(
+        project=cfg.wandb.project,
+        name=arm,
+        group=cfg.wandb.group,
+        mode=cfg.wandb.mode,
+        dir=str(out),
+        config=OmegaConf.to_container(cfg, resolve=True),
+        reinit="finish_previous",
+    )
+
+
+def run_one_arm(cfg: DictConfig, name: str, ctx: dict[str, Any]) -> tuple[dict, Any]:
+    """One arm end to end: its teacher, guard and wandb run; its summary and trace."""
+    spec = ArmSpec.named(name)
+    out, arm_cfg = ctx["out"], ctx["arm_cfg"]
+    start = time.perf_counter()
+    log.info(
+        "arm %s: teacher backup %s, guard %s, %d steps",
+        name,
+        spec.backup,
+        spec.preset,
+        arm_cfg.steps,
+    )
+    wandb_run = open_wandb(cfg, name, out)
+
+    def on_record(record: dict) -> None:
+        if wandb_run is not None:
+            numbers = {k: v for k, v in record.items() if isinstance(v, (int, float))}
+            wandb_run.log(numbers, step=record["step"])
+        if record["step"] % cfg.progress_every == 0 and "loss" in record:
+            log.info(
+                "  %s step %3d  loss %.4f  entropy %.3f  guard %s  repairs %d",
+                name,
+                record["step"],
+                record["loss"],
+                record["student_entropy"],
+                record.get("guard_action", "-"),
+                record["repairs"],
+            )
+
+    with open_teacher(cfg, ctx["teacher_dir"], spec.backup) as teacher:
+        guard = make_guard(cfg.guards[name], teacher, out / f"events_{name}.jsonl", wandb_run)
+        trace = run_guarded_arm(
+            spec,
+            teacher,
+            load_model(ctx["student_dir"]),
+            ctx["tokenizer"],
+            ctx["train"],
+            ctx["eval_items"],
+            arm_cfg,
+            guard,
+            on_record,
+            out / f"halt_{name}",
+        )
+        summary = arm_summary(spec, trace, guard.halted)
+    summary["seconds"] = round(time.perf_counter() - start, 1)
+    if wandb_run is not None:
+        wandb_run.summary.update({k: v for k, v in summary.items() if isinstance(v, (int, float))})
+        wandb_run.finish()
+    return summary, trace
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    transformers.utils.logging.disable_progress_bar()
+    torch.manual_seed(cfg.seed)
+    torch.set_num_threads(cfg.threads)
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    data_cfg = DataConfig(**cfg.data.synthetic)
+    start = time.perf_counter()
+    log.info("pretraining teacher and student (cached in %s)", out / "pretrain")
+    teacher_dir, student_dir = pretrain(out / "pretrain", PretrainConfig(data=data_cfg))
+    log.info("pretraining done in %.0f s", time.perf_counter() - start)
+    train, eval_items = build_dataset(data_cfg)
+    ctx = {
+        "out": out,
+        "teacher_dir": teacher_dir,
+        "student_dir": student_dir,
+        "tokenizer": build_tokenizer(),
+        "train": train,
+        "eval_items": eval_items,
+        "arm_cfg": ArmConfig(**OmegaConf.to_container(cfg.arm), seed=cfg.seed),
+    }
+    summaries, traces = {}, {}
+    for name in cfg.arms:
+        summaries[name], traces[name] = run_one_arm(cfg, name, ctx)
+    result = {"arms": summaries, "seconds": round(time.perf_counter() - start, 1)}
+    (out / "summary.json").write_text(json.dumps(result, indent=1))
+    plot_timeline(traces, out / "timeline.png")
+    print(format_table(summaries))
+    print(
+        f"\nwritten: {out / 'summary.json'}, {out / 'timeline.png'}, events_<arm>.jsonl "
+        f"({result['seconds']:.0f} s)"
+    )
+    return result
+
+
+@hydra.main(config_path="../../conf", config_name="sdpo_sciknoweval", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    unknown = sorted(set(cfg.arms) - set(ARMS))
+    if unknown:
+        raise ValueError(f"unknown arm(s) {unknown}; arms are {', '.join(ARMS)}")
+    run(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""The three arms of the demo, each an OPD run with a colocated teacher slept and woken every step.
+
+- ``healthy``: the teacher keeps its weights across sleep (weights CPU backup on);
+- ``unguarded``: no backup, so every wake brings the teacher back with zeroed weights; the guard
+  only watches (``monitor_only``), so the run is exactly what happens without one;
+- ``guarded``: no backup, the guard acts (``default`` preset): the canary after each wake sees the
+  dead teacher and the guard reloads and verifies it before it scores anything.
+
+The loop is the one a colocated trainer runs (DESIGN.md §3)::
+
+    resume → after_wake (canary) → score → on_teacher_scores → update → on_step_metrics
+           → before_sleep (fingerprint) → release
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from distill_guard import DistillGuard
+from distill_guard.alerts import Alerter
+from distill_guard.config import build_guard
+from distill_guard.observations import Metric
+from distill_guard.teachers import Teacher
+from examples.sdpo_sciknoweval.run_arm import ArmConfig, run_arm
+
+ARMS = ("healthy", "unguarded", "guarded")
+
+
+@dataclass(frozen=True)
+class ArmSpec:
+    """What distinguishes one arm."""
+
+    name: str
+    backup: bool
+    """The teacher's weights CPU backup (SGLang ``--enable-weights-cpu-backup``)."""
+    preset: str
+    """The guard preset the demo's config gives this arm (``conf/sdpo_sciknoweval.yaml``)."""
+
+    @classmethod
+    def named(cls, name: str) -> ArmSpec:
+        specs = {
+            "healthy": cls("healthy", backup=True, preset="monitor_only"),
+            "unguarded": cls("unguarded", backup=False, preset="monitor_only"),
+            "guarded": cls("guarded", backup=False, preset="default"),
+        }
+        if name not in specs:
+            raise ValueError(f"unknown arm {name!r}; arms are {', '.join(ARMS)}")
+        return specs[name]
+
+
+@dataclass
+class ArmTrace:
+    """What the arm's summary is built from, gathered as the run goes."""
+
+    records: list[dict] = field(default_factory=list)
+    uniform_rows: int = 0
+    scored_rows: int = 0
+    poisoned_updates: int = 0
+    """Optimizer steps applied while the teacher that scored the batch had lost its weights."""
+    first_finding: dict | None = None
+
+
+def teacher_is_dead(teacher: Teacher) -> bool:
+    """Ground truth for the demo's bookkeeping (not a check the guard uses): every parameter of
+    the in-process teacher is zero."""
+    model = getattr(teacher, "model", None)
+    if model is None:
+        return False
+    return all(float(p.detach().abs().max()) == 0.0 for p in model.parameters())
+
+
+def make_guard(guard_cfg: Any, teacher: Teacher, events: Path, wandb_run: Any) -> DistillGuard:
+    """The arm's guard from its composed preset; alerts go to the logger, the event file and wandb."""
+    return build_guard(guard_cfg, teacher=teacher, events=events, alerter=Alerter(run=wandb_run))
+
+
+class _Halted(Exception):
+    """The guard halted the run: leave the training loop."""
+
+
+def run_guarded_arm(
+    spec: ArmSpec,
+    teacher: Teacher,
+    student: torch.nn.Module,
+    tokenizer: Any,
+    train: list,
+    eval_items: list,
+    cfg: ArmConfig,
+    guard: DistillGuard,
+    on_record: Callable[[dict], None],
+    checkpoint_dir: Path,
+) -> ArmTrace:
+    """One arm: the student trains on the teacher's scores; the guard sees every stage.
+
+    A halt stops the arm after saving the student to ``checkpoint_dir`` (the event file says why).
+    """
+    trace = ArmTrace()
+    uniform = -math.log(teacher.vocab_size)
+    dead_when_scored = False
+
+    def note() -> None:
+        if trace.first_finding is None and guard.summary.first:
+            code, step = min(guard.summary.first.items(), key=lambda kv: kv[1])
+            trace.first_finding = {"step": step, "code": code}
+        if guard.halted:
+            raise _Halted
+
+    def wake(step: int) -> None:
+        nonlocal dead_when_scored
+        teacher.resume()
+        guard.after_wake(step)
+        note()
+        dead_when_scored = teacher_is_dead(teacher)
+
+    def score(seqs: list[list[int]], top_k: int, start: int):
+        result = teacher.score(seqs, top_k=top_k, logprob_start_len=start)
+        return result.topk_ids, result.topk_logprobs
+
+    def check(step: int, top: torch.Tensor, tokens: torch.Tensor | None) -> bool:
+        trace.scored_rows += top.shape[0]
+        trace.uniform_rows += int(((top[:, 0] - uniform).abs() <= 1e-3).sum())
+        decision = guard.on_teacher_scores(step, token_logprobs=tokens, topk_logprobs=top)
+        note()
+        apply = not decision.acts
+        trace.poisoned_updates += int(apply and dead_when_scored)
+        return apply
+
+    def sleep(step: int) -> None:
+        guard.before_sleep(step)
+        teacher.release()
+
+    def on_step(record: dict) -> None:
+        if "loss" in record:
+            metrics = {role: record.get(role) for role in Metric.ALL}
+            record["guard_action"] = guard.on_step_metrics(record["step"], metrics).action.value
+        record["repairs"] = guard.summary.repairs
+        trace.records.append(record)
+        on_record(record)
+        note()
+
+    guard.before_sleep(-1)  # the launch sleep: the trainer takes the memory first
+    teacher.release()
+    try:
+        run_arm(student, tokenizer, train, eval_items, score, cfg, wake, on_step, check, sleep)
+    except _Halted:
+        checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        torch.save(student.state_dict(), checkpoint_dir / "student.pt")
+        torch.save(guard.state_dict(), checkpoint_dir / "guard.pt")
+    finally:
+        if teacher.asleep:
+            teacher.resume()
+        guard.close()
+    return trace

@@ -1,0 +1,110 @@
+"""What the demo concludes: ``summary.json``, the table printed at the end, ``timeline.png``."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from examples.sdpo_sciknoweval.arms import ArmSpec, ArmTrace
+
+
+def arm_summary(spec: ArmSpec, trace: ArmTrace, halted: bool) -> dict[str, Any]:
+    """The per-arm record of ``summary.json`` (keys fixed by the issue)."""
+    trained = [r for r in trace.records if "loss" in r]
+    return {
+        "teacher_cpu_backup": spec.backup,
+        "guard_preset": spec.preset,
+        "step0_loss": trained[0]["loss"] if trained else None,
+        "final_loss": trained[-1]["loss"] if trained else None,
+        "entropy_start": trained[0]["student_entropy"] if trained else None,
+        "entropy_end": trained[-1]["student_entropy"] if trained else None,
+        "eval_accuracy": [
+            [r["step"], r["eval_accuracy"]] for r in trace.records if "eval_accuracy" in r
+        ],
+        "teacher_uniform_fraction": trace.uniform_rows / trace.scored_rows
+        if trace.scored_rows
+        else 0.0,
+        "first_finding": trace.first_finding,
+        "repairs": trace.records[-1]["repairs"] if trace.records else 0,
+        "halted": halted,
+        "poisoned_updates": trace.poisoned_updates,
+        "steps": len(trained),
+    }
+
+
+def _fmt(x: Any, spec: str = ".3f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def format_table(arms: dict[str, dict[str, Any]]) -> str:
+    """The demo's verdict, shaped like DESIGN.md §1's table of the real runs."""
+    head = (
+        f"{'arm':<10} {'backup':<6} {'guard':<12} {'step-0 loss':>11} {'entropy':>15} "
+        f"{'end loss':>9} {'eval accuracy':>15} {'uniform':>8} {'first finding':<24} "
+        f"{'repairs':>7} {'poisoned':>8}"
+    )
+    lines = [head, "-" * len(head)]
+    for name, a in arms.items():
+        acc = a["eval_accuracy"]
+        ff = a["first_finding"]
+        first = f"{ff['code']} @{ff['step']}" if ff else "-"
+        lines.append(
+            f"{name:<10} {'yes' if a['teacher_cpu_backup'] else 'no':<6} {a['guard_preset']:<12} "
+            f"{_fmt(a['step0_loss']):>11} "
+            f"{_fmt(a['entropy_start'], '.2f') + ' → ' + _fmt(a['entropy_end'], '.2f'):>15} "
+            f"{_fmt(a['final_loss'], '.4f'):>9} "
+            f"{_fmt(acc[0][1] if acc else None, '.2f') + ' → ' + _fmt(acc[-1][1] if acc else None, '.2f'):>15} "
+            f"{a['teacher_uniform_fraction']:>8.0%} "
+            f"{first:<24} {a['repairs']:>7} "
+            f"{a['poisoned_updates']:>8}"
+        )
+    return "\n".join(lines)
+
+
+def plot_timeline(traces: dict[str, ArmTrace], path: str | os.PathLike[str]) -> None:
+    """Loss, student entropy, teacher logprob and eval accuracy of every arm, step by step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = (
+        ("loss", "JSD loss"),
+        ("student_entropy", "student entropy (nats)"),
+        ("teacher_logprob", "teacher logprob of sampled tokens"),
+        ("eval_accuracy", "eval accuracy"),
+    )
+    colors = {"healthy": "tab:green", "unguarded": "tab:red", "guarded": "tab:blue"}
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 9), sharex=True)
+    for ax, (key, label) in zip(axes, panels):
+        for name, trace in traces.items():
+            pts = [(r["step"], r[key]) for r in trace.records if r.get(key) is not None]
+            if pts:
+                ax.plot(
+                    *zip(*pts),
+                    label=name,
+                    color=colors.get(name),
+                    lw=1.4,
+                    marker="o" if key == "eval_accuracy" else None,
+                    ms=3,
+                )
+        ax.set_ylabel(label, fontsize=8)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8, loc="upper right")
+    guarded = traces.get("guarded")
+    if guarded is not None and guarded.first_finding is not None:
+        for ax in axes:
+            ax.axvline(guarded.first_finding["step"], color="tab:blue", ls=":", lw=1)
+        axes[0].annotate(
+            f"guard: {guarded.first_finding['code']} → repair",
+            (guarded.first_finding["step"], 1.0),
+            xycoords=("data", "axes fraction"),
+            fontsize=7,
+            color="tab:blue",
+            va="bottom",
+        )
+    axes[-1].set_xlabel("step")
+    fig.suptitle("SDPO miniature: teacher slept and woken every step", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
