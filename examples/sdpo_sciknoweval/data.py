@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 import random
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 INSTRUCTION = "Reason carefully and provide the final answer."
 LETTERS = ("A", "B", "C", "D")
@@ -329,6 +331,22 @@ def _parse_prompt(prompt: str) -> tuple[str, tuple[str, ...]] | None:
     return question, tuple(m.group(2) for m in matches)
 
 
+def read_jsonl(path: str | Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``("path:line", row)`` for every non-blank line, so that errors can name the line."""
+    with Path(path).open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{where}: not valid JSON ({err.msg})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
+            yield where, row
+
+
 def load_sciknoweval_jsonl(path: str | Path) -> list[MCQItem]:
     """Read rows written by the recipe's ``prepare_data.py`` (``prompt``, ``label``, ``metadata``).
 
@@ -337,10 +355,9 @@ def load_sciknoweval_jsonl(path: str | Path) -> list[MCQItem]:
     scores letters.
     """
     items = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
-        row = json.loads(line)
+    for where, row in read_jsonl(path):
+        if not isinstance(row.get("prompt"), str):
+            raise ValueError(f"{where}: field 'prompt' is missing or not a string")
         parsed = _parse_prompt(row["prompt"])
         answer = str((row.get("metadata") or {}).get("answer_key") or row.get("label", "")).strip()
         if parsed is None or not 2 <= len(parsed[1]) <= len(LETTERS):
