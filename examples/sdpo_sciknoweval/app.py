@@ -12,6 +12,7 @@ Run: ``python -m examples.sdpo_sciknoweval.app [arm.steps=30] [teacher=reference
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -137,7 +138,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     data_cfg = DataConfig(**cfg.data.synthetic)
     start = time.perf_counter()
     log.info("pretraining teacher and student (cached in %s)", out / "pretrain")
-    teacher_dir, student_dir = pretrain(out / "pretrain", PretrainConfig(data=data_cfg))
+    defaults = PretrainConfig(data=data_cfg)
+    pre_cfg = dataclasses.replace(
+        defaults,
+        teacher=dataclasses.replace(defaults.teacher, steps=cfg.pretrain.teacher_steps),
+        student=dataclasses.replace(defaults.student, steps=cfg.pretrain.student_steps),
+    )
+    teacher_dir, student_dir = pretrain(out / "pretrain", pre_cfg)
     log.info("pretraining done in %.0f s", time.perf_counter() - start)
     train, eval_items = build_dataset(data_cfg)
     ctx = {

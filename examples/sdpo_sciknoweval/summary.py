@@ -74,7 +74,12 @@ def plot_timeline(traces: dict[str, ArmTrace], path: str | os.PathLike[str]) -> 
         ("teacher_logprob", "teacher logprob of sampled tokens"),
         ("eval_accuracy", "eval accuracy"),
     )
-    colors = {"healthy": "tab:green", "unguarded": "tab:red", "guarded": "tab:blue"}
+    # healthy as a wide band under a dashed guarded line: when the repairs work they coincide
+    styles = {
+        "healthy": {"color": "tab:green", "lw": 4.0, "alpha": 0.45},
+        "unguarded": {"color": "tab:red", "lw": 1.4},
+        "guarded": {"color": "tab:blue", "lw": 1.4, "ls": "--"},
+    }
     fig, axes = plt.subplots(len(panels), 1, figsize=(9, 9), sharex=True)
     for ax, (key, label) in zip(axes, panels):
         for name, trace in traces.items():
@@ -83,10 +88,9 @@ def plot_timeline(traces: dict[str, ArmTrace], path: str | os.PathLike[str]) -> 
                 ax.plot(
                     *zip(*pts),
                     label=name,
-                    color=colors.get(name),
-                    lw=1.4,
                     marker="o" if key == "eval_accuracy" else None,
                     ms=3,
+                    **styles.get(name, {}),
                 )
         ax.set_ylabel(label, fontsize=8)
         ax.grid(alpha=0.3)
