@@ -79,7 +79,6 @@ class Alerter:
             return False
         return True
 
-
     def _log(self, level: int, title: str, text: str) -> None:
         """Every alert reaches the log; a repeat of a title inside the throttle window is one
         line, so a fault that recurs at every step does not bury the first full message."""
