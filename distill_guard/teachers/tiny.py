@@ -10,8 +10,7 @@ QWEN3_VOCAB = 151936
 """Qwen3's vocabulary: a tiny model with this V gives the real uniform value, −11.931215."""
 
 
-def build_tiny_qwen3(
-    out_dir: str | Path,
+def tiny_qwen3(
     *,
     vocab_size: int = 512,
     hidden_size: int = 32,
@@ -22,18 +21,16 @@ def build_tiny_qwen3(
     intermediate_size: int = 64,
     seed: int = 0,
     embed_std: float = 0.4,
-    dtype: torch.dtype = torch.float32,
-) -> Path:
-    """Write ``config.json`` and ``model.safetensors`` of a random tiny Qwen3 to ``out_dir``.
+    max_positions: int = 4096,
+) -> torch.nn.Module:
+    """A random tiny Qwen3, seeded without touching the global RNG stream.
 
     Embeddings are drawn with ``embed_std`` (default 0.4, not HF's 0.02) so the random model is
-    peaked like a trained teacher (top-1 logprob around −0.2 at V = 512, −2 at V = 151936): with HF's init a tiny model is itself nearly uniform
-    and a canary could not tell it from a dead one. Same arguments and seed give the same bytes.
+    peaked like a trained teacher (top-1 logprob around −0.2 at V = 512, −2 at V = 151936): with
+    HF's init a tiny model is itself nearly uniform and a canary could not tell it from a dead one.
     """
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     config = Qwen3Config(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
@@ -42,9 +39,8 @@ def build_tiny_qwen3(
         num_attention_heads=num_heads,
         num_key_value_heads=num_kv_heads,
         head_dim=head_dim,
-        max_position_embeddings=4096,
+        max_position_embeddings=max_positions,
         tie_word_embeddings=True,
-        dtype=dtype,
     )
     gen_state = torch.random.get_rng_state()
     try:
@@ -54,5 +50,17 @@ def build_tiny_qwen3(
             model.get_input_embeddings().weight.normal_(0.0, embed_std)
     finally:
         torch.random.set_rng_state(gen_state)
-    model.to(dtype).save_pretrained(out)
+    return model
+
+
+def build_tiny_qwen3(
+    out_dir: str | Path, *, dtype: torch.dtype = torch.float32, **kwargs: object
+) -> Path:
+    """Write ``config.json`` and ``model.safetensors`` of :func:`tiny_qwen3` to ``out_dir``.
+
+    Same arguments and seed give the same bytes.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tiny_qwen3(**kwargs).to(dtype).save_pretrained(out)  # type: ignore[arg-type]
     return out

@@ -14,28 +14,9 @@ VOCAB = 128
 
 def tiny_qwen3(seed: int = 0, vocab: int = VOCAB, embed_std: float = 0.3) -> torch.nn.Module:
     """A 2-layer Qwen3 built from a config (no download), peaked like a trained teacher."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from distill_guard.teachers.tiny import tiny_qwen3 as build
 
-    config = Qwen3Config(
-        vocab_size=vocab,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        max_position_embeddings=64,
-        tie_word_embeddings=True,
-    )
-    state = torch.random.get_rng_state()
-    try:
-        torch.manual_seed(seed)
-        model = Qwen3ForCausalLM(config)
-        with torch.no_grad():
-            model.get_input_embeddings().weight.normal_(0.0, embed_std)
-    finally:
-        torch.random.set_rng_state(state)
-    return model
+    return build(vocab_size=vocab, seed=seed, embed_std=embed_std, max_positions=64)
 
 
 def student_of(teacher: torch.nn.Module, noise: float = 0.02, seed: int = 1) -> torch.nn.Module:
