@@ -61,23 +61,12 @@ class GuardSummary:
     def __init__(self) -> None:
         self.first: dict[str, int | None] = {}
         self.count: dict[str, int] = {}
-        self.severity: dict[str, str] = {}
-        self.first_action: dict[str, int | None] = {}
         self.repairs = 0
         self.halt: dict[str, Any] | None = None
 
     def add_finding(self, f: Finding) -> None:
         self.first.setdefault(f.code, f.step)
         self.count[f.code] = self.count.get(f.code, 0) + 1
-        prev = self.severity.get(f.code)
-        if prev is None or f.severity > Severity(prev):
-            self.severity[f.code] = f.severity.value
-
-    def add_decision(self, d: Decision) -> None:
-        if d.action is not Action.CONTINUE:
-            self.first_action.setdefault(d.action.value, d.step)
-        if d.intended is not None:
-            self.first_action.setdefault(f"would_{d.intended.value}", d.step)
 
     def state_dict(self) -> dict[str, Any]:
         # deep copies both ways: a saved state is a snapshot, not a view of live counters
@@ -285,7 +274,6 @@ class DistillGuard:
                 decision, alert_text = self._rewake_across_ranks(stage, decision, local)
         elif decision.action is Action.REWAKE:
             decision, alert_text = self._rewake(stage, decision)
-        self.summary.add_decision(decision)
         if decision.action is not Action.CONTINUE:
             self.events.write("decision", stage=stage, **decision.to_dict())
             if alert_text is not None:

@@ -7,7 +7,7 @@ from typing import Any
 
 from distill_guard.alerts import Alerter
 from distill_guard.config import build_guard, compose_guard_config
-from distill_guard.findings import Finding, Severity
+from distill_guard.findings import Finding, Severity, worst
 from distill_guard.history import History
 from distill_guard.policy import Action, Decision
 
@@ -36,7 +36,7 @@ class ReplayResult:
 
     @property
     def worst(self) -> Severity | None:
-        return max((f.severity for f in self.findings), key=lambda s: s.rank, default=None)
+        return worst(self.findings)
 
     def exit_code(self) -> int:
         """0: nothing at warn or above; 1: warnings, or the guard would have repaired or halted."""

@@ -108,7 +108,7 @@ class EntropyDriftCheck(Check):
     def _limits(self, h: float, step: int, run: RunSpec) -> list[Finding]:
         if run.vocab_size is None:
             return []
-        log_v = math.log(run.vocab_size)
+        log_v = run.log_vocab
         for severity, frac in (
             (Severity.CRITICAL, self.critical_fraction_of_log_vocab),
             (Severity.WARN, self.warn_fraction_of_log_vocab),

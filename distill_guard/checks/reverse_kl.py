@@ -42,7 +42,7 @@ class ReverseKLSignatureCheck(Check):
             return []
         kl = loss / run.loss_scale
         gap = reverse_kl_uniform_gap(kl, entropy, run.vocab_size)
-        bound = self.rel_tol * math.log(run.vocab_size)
+        bound = self.rel_tol * run.log_vocab
         if abs(gap) > bound:
             return []
         return [
@@ -50,7 +50,7 @@ class ReverseKLSignatureCheck(Check):
                 Code.LOSS_REVERSE_KL_SIGNATURE,
                 Severity.CRITICAL,
                 f"Reverse KL {kl:.4f} + student entropy {entropy:.4f} = {kl + entropy:.4f}, within "
-                f"{abs(gap):.4f} of ln V = {math.log(run.vocab_size):.4f} (bound {bound:.4f}): the "
+                f"{abs(gap):.4f} of ln V = {run.log_vocab:.4f} (bound {bound:.4f}): the "
                 f"identity KL(s‖uniform) = ln V − H(s) holds, so the teacher is uniform. Reload "
                 f"its weights and enable its weights CPU backup.",
                 metrics.step,
