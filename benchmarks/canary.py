@@ -24,10 +24,10 @@ from pathlib import Path
 
 import torch
 
-from distill_guard.checks.canary import CanaryCheck
+from distill_guard.live.canary import Canary
 from distill_guard.teachers import SGLangHTTPTeacher
-from distill_guard.teachers.testing import reference_teacher
-from distill_guard.teachers.tiny import QWEN3_VOCAB, build_tiny_qwen3
+from distill_guard.testing.servers import reference_teacher
+from distill_guard.testing.tiny import QWEN3_VOCAB, build_tiny_qwen3
 
 SHAPES = {
     # name: (vocab, hidden, layers, heads, kv_heads, head_dim, intermediate)
@@ -44,7 +44,7 @@ def timed(fn: Callable[[], object]) -> float:
 
 
 def bench_shape(model_dir: Path, repeats: int, length: int, top_k: int) -> dict[str, float]:
-    canary = CanaryCheck(length=length, top_k=top_k)
+    canary = Canary(length=length, top_k=top_k)
     out: dict[str, list[float]] = {
         "canary": [], "canary_in_process": [], "cycle_backup": [], "cycle_reload": []
     }  # fmt: skip

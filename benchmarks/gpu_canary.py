@@ -3,7 +3,7 @@
 Shapes of Qwen3-0.6B and Qwen3-4B (random bf16 weights, V = 151936), each a ``TorchTeacher``
 whose weights live in a real torch_memory_saver region with ``enable_cpu_backup=True``:
 - wake = ``release()`` + ``resume()`` of the weights (median of 3, synchronised);
-- canary = one scoring call of 64 tokens with top-16 (``CanaryCheck.measure``, median of 5).
+- canary = one scoring call of 64 tokens with top-16 (``Canary.measure``, median of 5).
 Target: the canary costs under 5 % of the 4B model's wake. Writes $OUT/gpu_canary.json.
 
 Run: python3 benchmarks/gpu_canary.py [--shapes 0.6b 4b]
@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from distill_guard.checks.canary import CanaryCheck
+from distill_guard.live.canary import Canary
 from distill_guard.teachers import TorchTeacher
 
 SHAPES = {
@@ -78,7 +78,7 @@ def timed(fn, repeat: int) -> float:
 def bench_shape(shape: str) -> dict:
     teacher = build(shape)
     n_bytes = sum(p.numel() * p.element_size() for p in teacher.model.parameters())
-    canary = CanaryCheck(length=64, top_k=16)
+    canary = Canary(length=64, top_k=16)
     canary.fingerprint(teacher)  # warm-up: kernels, canary tokens
 
     def wake() -> None:

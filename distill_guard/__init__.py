@@ -1,13 +1,23 @@
 """distill_guard: training-loop guards for on-policy LLM distillation.
 
-Importing the package needs only torch (and numpy): Hydra, wandb, transformers, Lightning,
-FastAPI and sglang are imported by the modules that use them, when they are used.
+Importing the package needs only torch: Hydra (for :func:`build_guard` and the presets), httpx,
+wandb, transformers, Lightning, FastAPI and sglang are imported by the modules that use them,
+when they are used.
 """
 
-from distill_guard.findings import Code, Finding, Severity
-from distill_guard.guard import DistillGuard, default_checks
-from distill_guard.observations import LossKind, Metric, RunSpec
-from distill_guard.policy import Action, Decision, Policy
+__version__ = "0.1.0"
+
+from importlib import import_module  # noqa: E402
+from typing import Any  # noqa: E402
+
+from distill_guard.checks import default_checks  # noqa: E402
+from distill_guard.findings import Code, Finding, Severity  # noqa: E402
+from distill_guard.guard import DistillGuard  # noqa: E402
+from distill_guard.observations import LossKind, Metric, RunSpec  # noqa: E402
+from distill_guard.policy import Action, Decision, Halt, Policy  # noqa: E402
+
+_FROM_CONFIG = ("GuardConfig", "build_guard", "compose_guard_config")
+"""Named here, imported on first use: they bring Hydra."""
 
 __all__ = [
     "Action",
@@ -15,11 +25,20 @@ __all__ = [
     "Decision",
     "DistillGuard",
     "Finding",
+    "GuardConfig",
+    "Halt",
     "LossKind",
     "Metric",
     "Policy",
     "RunSpec",
     "Severity",
+    "build_guard",
+    "compose_guard_config",
     "default_checks",
 ]
-__version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FROM_CONFIG:
+        return getattr(import_module("distill_guard.config"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

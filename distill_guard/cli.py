@@ -1,7 +1,8 @@
 """``distill-guard``: replay a run's metric history; probe, preflight or serve a teacher.
 
-Exit codes everywhere: 0 healthy; 1 the guard found a problem (warn or above, a repair or a
-halt); 2 usage, input or connection error, with a message naming what was wrong.
+One exit-code scheme for every command: 0 healthy; 1 the guard found a problem (warn or above,
+a lost teacher even if the probe repaired it, a critical configuration); 2 usage, input or
+connection error, said in one line naming what was wrong, never a traceback.
 """
 
 from __future__ import annotations
@@ -9,16 +10,31 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from distill_guard.config import PRESETS
+from distill_guard.findings import Finding, Severity
+
+if TYPE_CHECKING:
+    from distill_guard.teachers.sglang_http import SGLangHTTPTeacher
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
+EXTRAS = {
+    "fastapi": "server",
+    "uvicorn": "server",
+    "transformers": "hf",
+    "safetensors": "hf",
+    "matplotlib": "plot",
+}
+"""Module → the extra that brings it, for the error a missing one gives."""
 
 
 class UsageError(Exception):
-    """Bad input: reported in one line, exit 2."""
+    """Bad input, an unreachable teacher, a missing extra: reported in one line, exit 2."""
 
 
 def _key_value(text: str) -> tuple[str, str]:
@@ -28,16 +44,17 @@ def _key_value(text: str) -> tuple[str, str]:
     return role, name
 
 
-def add_replay_command(sub: argparse._SubParsersAction) -> None:
+# ---------------------------------------------------------------------------------- replay
+
+
+def add_replay(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "replay",
         help="replay a metric history (JSONL or wandb CSV) through the guard",
         description="Replay a run's per-step metrics through a guard preset and report what it "
         "would have found and done. Metric names default to Relax's.",
     )
-    p.add_argument(
-        "path", help="history file: JSONL (one object per step) or CSV with a _step column"
-    )
+    p.add_argument("path", help="history: JSONL (one object per step) or CSV with a _step column")
     p.add_argument(
         "--key",
         action="append",
@@ -50,9 +67,7 @@ def add_replay_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--loss", choices=["jsd", "reverse_kl", "forward_kl"], default="jsd")
     p.add_argument("--beta", type=float, default=0.5, help="JSD teacher weight (default 0.5)")
     p.add_argument("--vocab-size", type=int, default=None, help="teacher vocabulary size V")
-    p.add_argument(
-        "--loss-scale", type=float, default=1.0, help="factor applied to the logged loss"
-    )
+    p.add_argument("--loss-scale", type=float, default=1.0, help="factor applied to the loss")
     p.add_argument("--preset", default="default", help=f"guard preset: {', '.join(PRESETS)}")
     p.add_argument(
         "--set",
@@ -63,10 +78,10 @@ def add_replay_command(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--json", action="store_true", help="print the machine-readable result")
     p.add_argument("--plot", metavar="FILE.png", help="draw the signals with the findings marked")
-    p.set_defaults(func=run_replay)
+    p.set_defaults(func=cmd_replay)
 
 
-def run_replay(args: argparse.Namespace) -> int:
+def cmd_replay(args: argparse.Namespace) -> int:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
@@ -102,35 +117,266 @@ def run_replay(args: argparse.Namespace) -> int:
     return result.exit_code()
 
 
+# ---------------------------------------------------------------------------------- live teachers
+
+
+def _connection_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", help="teacher base URL, e.g. http://127.0.0.1:30000")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=30.0,
+        help="seconds for one read, retries included (default 30); release, resume and reload "
+        "get 20x",
+    )
+    p.add_argument(
+        "--api-key-env",
+        default="SGLANG_API_KEY",
+        help="environment variable holding the server's --api-key (default SGLANG_API_KEY)",
+    )
+
+
+def add_live(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "probe",
+        help="preflight a live teacher, then sleep/wake it N times with the canary",
+        description="Preflight, then N release/resume cycles, each verified by the canary. A cycle "
+        "that loses the weights is repaired (resume, reload, flush, verify) before exiting.",
+    )
+    _connection_args(p)
+    p.add_argument("--cycles", type=int, default=3, help="sleep/wake cycles (default 3)")
+    p.add_argument(
+        "--tags",
+        nargs="*",
+        default=None,
+        choices=["weights", "kv_cache", "cuda_graph"],
+        help="memory tags to release and resume (default: all)",
+    )
+    p.add_argument("--top-k", type=int, default=16, help="canary top-k (default 16)")
+    p.add_argument("--canary-length", type=int, default=64, help="canary tokens (default 64)")
+    p.add_argument("--seed", type=int, default=0, help="canary seed (default 0)")
+    p.add_argument("--no-repair", action="store_true", help="report a lost teacher, do not repair")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.set_defaults(func=cmd_probe)
+
+    p = sub.add_parser(
+        "preflight",
+        help="check a teacher's configuration (live server or launch command)",
+        description="Check a teacher's configuration only: from a live server's /server_info "
+        "(--url) or from an SGLang or Relax launch command line (--args).",
+    )
+    _connection_args(p)
+    p.add_argument("--args", dest="launch_args", help="launch command line, quoted")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_preflight)
+
+    p = sub.add_parser(
+        "serve-reference",
+        help="serve a tiny torch teacher over SGLang's native API (NOT SGLang; offline/tests)",
+        description="A TorchTeacher behind SGLang's native HTTP endpoints, on 127.0.0.1. It is not "
+        "SGLang: it only scores (max_new_tokens 0), has no tokenizer, and emulates the memory "
+        "saver's sleep/wake on CPU.",
+    )
+    p.add_argument("--model", required=True, help="checkpoint dir (config.json + *.safetensors)")
+    p.add_argument("--port", type=int, required=True, help="TCP port to listen on")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument(
+        "--build-tiny",
+        type=int,
+        metavar="V",
+        default=None,
+        help="first write a tiny seeded Qwen3 with vocabulary V to --model if it has no config.json",
+    )
+    p.add_argument("--enable-weights-cpu-backup", action="store_true", help="keep weights on sleep")
+    p.add_argument("--disable-memory-saver", action="store_true", help="sleep keeps everything")
+    p.add_argument(
+        "--enable-deterministic-inference", action="store_true", help="report deterministic"
+    )
+    p.add_argument("--weight-cache-mode", default="off", help="reported; not 'off' disables backup")
+    p.add_argument(
+        "--fault",
+        choices=["zeros", "garbage"],
+        default="zeros",
+        help="what a no-backup wake leaves",
+    )
+    p.add_argument("--old-api", action="store_true", help="serve /get_server_info only; no tags")
+    p.add_argument(
+        "--api-key-env",
+        default=None,
+        help="environment variable holding an API key to require (Authorization: Bearer)",
+    )
+    p.add_argument(
+        "--torch-threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads (1 is fastest for tiny models on a busy CPU)",
+    )
+    p.set_defaults(func=cmd_serve_reference)
+
+
+def _connect(args: argparse.Namespace) -> SGLangHTTPTeacher:
+    from distill_guard.teachers import SGLangHTTPTeacher
+
+    if not args.url:
+        raise UsageError(f"{args.command} needs --url URL")
+    return SGLangHTTPTeacher(
+        args.url,
+        api_key_env=args.api_key_env,
+        timeout_s=args.timeout,
+        admin_timeout_s=max(args.timeout * 20, args.timeout),
+        max_retries=1,
+    )
+
+
+def _print_findings(findings: list[Finding]) -> None:
+    for f in findings:
+        print(f"[{f.severity.value.upper():8}] {f.code}: {f.message}")
+
+
+def cmd_preflight(args: argparse.Namespace) -> int:
+    from distill_guard.live.preflight import parse_launch_command, preflight_server_args
+
+    if bool(args.url) == bool(args.launch_args):
+        raise UsageError('preflight needs exactly one of --url URL or --args "..."')
+    if args.launch_args:
+        try:
+            server_args = parse_launch_command(args.launch_args)
+        except ValueError as e:
+            raise UsageError(f"cannot parse --args: {e}") from None
+        source = f"{server_args['launcher']} command line"
+    else:
+        with _connect(args) as teacher:
+            server_args = teacher.server_info()
+        source = args.url
+    findings = preflight_server_args(server_args)
+    bad = any(f.severity >= Severity.CRITICAL for f in findings)
+    if args.json:
+        print(json.dumps({"ok": not bad, "findings": [f.to_dict() for f in findings]}, indent=2))
+    else:
+        print(f"preflight of {source}: {'problems found' if bad else 'no critical problem'}")
+        _print_findings(findings)
+    return EXIT_FOUND if bad else EXIT_OK
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    from distill_guard.live.canary import Canary
+    from distill_guard.live.probe import format_table, run_probe
+
+    if args.cycles < 0:
+        raise UsageError("--cycles must be >= 0")
+    canary = Canary(top_k=args.top_k, length=args.canary_length, seed=args.seed)
+    with _connect(args) as teacher:
+        report = run_probe(
+            teacher, args.cycles, args.tags or None, canary, repair=not args.no_repair
+        )
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+        return report.exit_code
+    print(
+        f"probe of {args.url}: {args.cycles} sleep/wake cycle(s), canary of {canary.length} "
+        f"tokens, top-{canary.top_k}"
+    )
+    pre = [f for f in report.findings if f.code.startswith("config.")]
+    if pre:
+        print("preflight:")
+        _print_findings(pre)
+    if report.cycles:
+        print(format_table(report))
+    rest = [f for f in report.findings if not f.code.startswith("config.")]
+    if rest:
+        print("findings:")
+        _print_findings(rest)
+    lost = any(c.lost_weights for c in report.cycles)
+    if lost and report.repaired:
+        print(
+            "The teacher lost its weights and was repaired (resume, reload, flush) and verified "
+            "by the canary; it is as the probe found it. Fix the configuration above: it will "
+            "happen again at the next wake."
+        )
+    elif lost:
+        print(
+            "The teacher lost its weights and was NOT repaired: reload its weights or restart "
+            "it before use."
+        )
+    print("result: " + ("healthy" if report.ok else "UNHEALTHY") + f" (exit {report.exit_code})")
+    return report.exit_code
+
+
+def cmd_serve_reference(args: argparse.Namespace) -> int:
+    from distill_guard.teachers import TorchTeacher
+    from distill_guard.testing.reference_server import ReferenceServer, serve
+    from distill_guard.testing.tiny import build_tiny_qwen3
+
+    if args.torch_threads:
+        import torch
+
+        torch.set_num_threads(args.torch_threads)
+    model = Path(args.model)
+    if args.build_tiny and not (model / "config.json").exists():
+        build_tiny_qwen3(model, vocab_size=args.build_tiny)
+    if not (model / "config.json").exists():
+        raise UsageError(f"no config.json in {model} (--build-tiny V creates a tiny model there)")
+    api_key = None
+    if args.api_key_env:
+        api_key = os.environ.get(args.api_key_env)
+        if not api_key:
+            raise UsageError(f"--api-key-env {args.api_key_env}: the variable is not set")
+    teacher = TorchTeacher.from_pretrained(
+        model,
+        enable_memory_saver=not args.disable_memory_saver,
+        enable_cpu_backup=args.enable_weights_cpu_backup,
+        fault=args.fault,
+        enable_deterministic_inference=args.enable_deterministic_inference,
+        weight_cache_mode=args.weight_cache_mode,
+    )
+    server = ReferenceServer(
+        teacher, old_api=args.old_api, api_key=api_key, launch_command=" ".join(sys.argv)
+    )
+    print(
+        f"distill_guard reference server (NOT SGLang) for {model} on http://{args.host}:{args.port}",
+        flush=True,
+    )
+    serve(server, host=args.host, port=args.port)
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------------- entry
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="distill-guard",
         description="Guards for on-policy distillation: catch a dead teacher, repair it, or halt.",
+        allow_abbrev=False,
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log the guard's own messages")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    add_replay_command(sub)
-    try:
-        from distill_guard.cli_live import add_live_commands
-    except ImportError:  # the live-teacher layer is optional at import time
-        pass
-    else:
-        add_live_commands(sub)
+    add_replay(sub)
+    add_live(sub)
+    for p in sub.choices.values():
+        p.allow_abbrev = False
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    from distill_guard.teachers.base import TeacherError
+
+    args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.ERROR,
         format="%(levelname)s %(name)s: %(message)s",
     )
     try:
-        return args.func(args)
-    except UsageError as exc:
-        print(f"distill-guard {args.command}: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return int(args.func(args))
+    except (UsageError, TeacherError) as exc:
+        message = str(exc)
+    except ModuleNotFoundError as exc:
+        extra = EXTRAS.get((exc.name or "").split(".")[0])
+        if extra is None:
+            raise
+        message = f"{exc.name} is not installed: pip install 'distill_guard[{extra}]'"
+    print(f"distill-guard {args.command}: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
 
 
 if __name__ == "__main__":

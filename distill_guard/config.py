@@ -1,11 +1,13 @@
-"""Hydra schemas: the check and policy dataclasses are themselves the config nodes.
+"""Hydra schemas: the run facts, the check and policy dataclasses are themselves the config nodes.
 
 Registered in Hydra's ConfigStore as ``guard/base_guard``; the presets in ``conf/guard/`` extend
-it, so a misspelt key fails when the config is composed, not hours into a run.
+it, so a misspelt key fails when the config is composed, not hours into a run. A composed config
+becomes a guard through :func:`build_guard`, the one way from configuration to a guard.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,50 +15,14 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from distill_guard.alerts import Alerter
-from distill_guard.checks import (
-    EntropyDriftCheck,
-    JSDCeilingCheck,
-    NonfiniteMetricsCheck,
-    ReverseKLSignatureCheck,
-    TeacherCollapseCheck,
-    TruncationCheck,
-)
-from distill_guard.checks.canary import CanaryCheck
+from distill_guard.checks import ChecksConfig
 from distill_guard.guard import DistillGuard
-from distill_guard.observations import RELAX_METRIC_NAMES, LossKind, RunSpec
+from distill_guard.observations import RunSpec
 from distill_guard.policy import Policy
 
 PRESETS = ("default", "monitor_only", "strict")
 CONF_DIR = "pkg://distill_guard.conf"
 """Hydra search path entry that finds the presets wherever the package is installed."""
-
-
-@dataclass
-class RunConfig:
-    """Facts of the run; see :class:`~distill_guard.observations.RunSpec`."""
-
-    vocab_size: int | None = None
-    """Teacher vocabulary size (``config.json`` ``vocab_size``; 151936 for Qwen3)."""
-    loss: LossKind = LossKind.JSD
-    """JSD, REVERSE_KL or FORWARD_KL: the loss in the loss metric."""
-    beta: float = 0.5
-    """JSD teacher weight (Relax ``--opd-jsd-alpha``)."""
-    loss_scale: float = 1.0
-    """Factor applied to the per-token loss before logging (coefficients, T², sum vs mean)."""
-
-
-@dataclass
-class ChecksConfig:
-    """One node per check, named as in presets and on the command line."""
-
-    teacher_collapse: TeacherCollapseCheck = field(default_factory=TeacherCollapseCheck)
-    jsd_ceiling: JSDCeilingCheck = field(default_factory=JSDCeilingCheck)
-    reverse_kl_signature: ReverseKLSignatureCheck = field(default_factory=ReverseKLSignatureCheck)
-    entropy_drift: EntropyDriftCheck = field(default_factory=EntropyDriftCheck)
-    truncation: TruncationCheck = field(default_factory=TruncationCheck)
-    nonfinite_metrics: NonfiniteMetricsCheck = field(default_factory=NonfiniteMetricsCheck)
-    canary: CanaryCheck = field(default_factory=CanaryCheck)
-    """Sleep/wake canary; used only when the guard is given a live teacher."""
 
 
 @dataclass
@@ -79,15 +45,13 @@ class RepairConfig:
 class GuardConfig:
     """The whole guard. Compose with ``guard=default|monitor_only|strict`` and override fields."""
 
-    run: RunConfig = field(default_factory=RunConfig)
+    run: RunSpec = field(default_factory=RunSpec)
     checks: ChecksConfig = field(default_factory=ChecksConfig)
     policy: Policy = field(default_factory=Policy)
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
     repair: RepairConfig = field(default_factory=RepairConfig)
     events_path: str | None = None
     """JSONL event file; None keeps events in the logger only."""
-    metric_keys: dict[str, str] = field(default_factory=lambda: dict(RELAX_METRIC_NAMES))
-    """Framework metric name for each role (Relax's by default)."""
 
 
 def register_configs() -> None:
@@ -125,26 +89,46 @@ def compose_guard_config(preset: str = "default", overrides: list[str] | None = 
     return cfg.guard
 
 
-def build_guard(cfg: DictConfig | GuardConfig, **kwargs: Any) -> DistillGuard:
-    """A guard from a composed config. ``kwargs`` go to :class:`DistillGuard` (teacher, rank, ...)."""
-    conf: GuardConfig = OmegaConf.to_object(cfg) if isinstance(cfg, DictConfig) else cfg
-    checks = [c for name, c in vars(conf.checks).items() if name != "canary" and c.enabled]
-    if kwargs.get("teacher") is not None:
-        kwargs.setdefault("canary", conf.checks.canary)
-    rank = kwargs.pop("rank", 0)
+GuardSpec = Any
+"""A :class:`DistillGuard`, a preset name, a guard config (DictConfig, mapping, GuardConfig) or None."""
+
+
+def build_guard(
+    spec: GuardSpec = None, overrides: Sequence[str] = (), **kwargs: Any
+) -> DistillGuard:
+    """The one way from configuration to a guard.
+
+    ``spec`` is a preset name (``default``, ``monitor_only``, ``strict``; None is ``default``),
+    a guard config (a composed ``DictConfig``, a mapping, or a :class:`GuardConfig`), or a
+    guard, returned as is. ``overrides`` are Hydra overrides relative to the guard node
+    (``"run.vocab_size=151936"``). ``kwargs`` go to :class:`DistillGuard` (``teacher``,
+    ``rank``, ``events``, ``alerter``, ...) and win over the configuration.
+    """
+    if isinstance(spec, DistillGuard):
+        if overrides or kwargs:
+            raise ValueError("overrides and guard arguments need a preset or a config, not a guard")
+        return spec
+    if spec is None or isinstance(spec, str):
+        node = compose_guard_config(spec or "default", list(overrides))
+    elif isinstance(spec, (DictConfig, Mapping, GuardConfig)):
+        node = OmegaConf.merge(OmegaConf.structured(GuardConfig), spec)
+        if overrides:
+            node = OmegaConf.merge(node, OmegaConf.from_dotlist(list(overrides)))
+    else:
+        raise TypeError(
+            "a guard spec is a DistillGuard, a preset name, a config node or None, not "
+            f"{type(spec).__name__}"
+        )
+    conf: GuardConfig = OmegaConf.to_object(node)  # type: ignore[assignment]
+    kwargs.setdefault("canary", conf.checks.canary)
     kwargs.setdefault("events", conf.events_path)
+    kwargs.setdefault("repair_attempts", conf.repair.max_attempts)
+    kwargs.setdefault("repair_backoff_s", conf.repair.backoff_s)
+    rank = kwargs.setdefault("rank", 0)
     kwargs.setdefault(
         "alerter",
         Alerter(
             rank=rank, use_wandb=conf.alerts.use_wandb, min_interval_s=conf.alerts.min_interval_s
         ),
     )
-    kwargs.setdefault("repair_attempts", conf.repair.max_attempts)
-    kwargs.setdefault("repair_backoff_s", conf.repair.backoff_s)
-    run = RunSpec(
-        vocab_size=conf.run.vocab_size,
-        loss=conf.run.loss,
-        beta=conf.run.beta,
-        loss_scale=conf.run.loss_scale,
-    )
-    return DistillGuard(checks, conf.policy, run, rank=rank, **kwargs)
+    return DistillGuard(conf.checks.enabled(), conf.policy, conf.run, **kwargs)

@@ -35,12 +35,15 @@ from __future__ import annotations
 import datetime
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from distill_guard.findings import Code, Finding, Severity
 from distill_guard.policy import Action, Decision
+
+if TYPE_CHECKING:  # the guard imports this module's reducer type only by protocol
+    from distill_guard.guard import DistillGuard
 
 log = logging.getLogger("distill_guard")
 
@@ -169,6 +172,7 @@ def _encode(decision: Decision) -> dict[str, Any]:
         "action": decision.action.value,
         "intended": decision.intended.value if decision.intended is not None else None,
         "message": decision.message,
+        "notify": decision.notify,
         "reasons": [f.to_dict() for f in decision.reasons],
     }
 
@@ -181,10 +185,11 @@ def _decode(payload: dict[str, Any], step: int | None, holder: int) -> Decision:
         tuple(Finding.from_dict(f) for f in payload.get("reasons", [])),
         intended=Action(intended) if intended is not None else None,
         message=f"rank {holder}: {payload.get('message', '')}",
+        notify=bool(payload.get("notify", True)),
     )
 
 
-def attach(guard: Any, *, timeout_s: float = 60.0) -> bool:
+def attach(guard: DistillGuard, *, timeout_s: float = 60.0) -> bool:
     """Give ``guard`` a :class:`DistributedReducer` and its rank, inside a multi-process job.
 
     Adapters call this from their setup hook on every rank. Leaves a reducer the user set alone.
@@ -193,14 +198,7 @@ def attach(guard: Any, *, timeout_s: float = 60.0) -> bool:
     """
     if not dist_ready():
         return False
-    rank = torch.distributed.get_rank()
-    guard.rank = rank
-    guard.alerter.rank = rank
-    events = guard.events
-    events.rank = rank
-    if rank > 0 and events.path is not None and getattr(events, "_fh", None) is None:
-        # one file per rank: concurrent appends from several processes may interleave
-        events.path = events.path.with_name(f"{events.path.stem}.rank{rank}{events.path.suffix}")
+    guard.set_rank(torch.distributed.get_rank())
     if guard.reducer is None:
         guard.reducer = DistributedReducer(timeout_s=timeout_s)
     setup = getattr(guard.reducer, "setup", None)

@@ -27,6 +27,14 @@ class EventLog:
         self._fh: TextIO | None = None
         self._broken = False
 
+    def set_rank(self, rank: int) -> None:
+        """Tag events with ``rank``. Ranks above 0 write next to rank 0's file, as
+        ``<stem>.rank<r><suffix>`` (concurrent appends from several processes may interleave);
+        a file already open stays where it is."""
+        self.rank = rank
+        if rank > 0 and self.path is not None and self._fh is None:
+            self.path = self.path.with_name(f"{self.path.stem}.rank{rank}{self.path.suffix}")
+
     def write(self, kind: str, **payload: Any) -> None:
         if self.path is None or self._broken:
             return

@@ -8,10 +8,10 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from fnmatch import fnmatch
 from pathlib import Path
 
-from distill_guard.observations import RELAX_METRIC_NAMES, Metric
+from distill_guard.metric_names import RELAX_METRIC_NAMES, resolve_key
+from distill_guard.observations import Metric
 
 STEP_KEYS = ("_step", "step", "train/step", "global_step")
 REQUIRED_ROLES = (Metric.LOSS,)
@@ -89,18 +89,6 @@ def _read_rows(path: Path) -> list[tuple[int, dict[str, object]]]:
     return rows
 
 
-def _resolve_key(role: str, wanted: str, keys: set[str]) -> str | None:
-    if "*" not in wanted:
-        return wanted if wanted in keys else None
-    # eval/*: the accuracy-like key, not eval/<name>-truncated_ratio or eval/<name>/sub-metrics
-    candidates = sorted(
-        k
-        for k in keys
-        if fnmatch(k, wanted) and "truncated" not in k and k.count("/") == wanted.count("/")
-    )
-    return candidates[0] if candidates else None
-
-
 def load_history(path: str | os.PathLike[str], key_map: Mapping[str, str] | None = None) -> History:
     """Load a history; ``key_map`` overrides role → key (defaults: Relax's metric names)."""
     p = Path(path)
@@ -117,7 +105,7 @@ def load_history(path: str | os.PathLike[str], key_map: Mapping[str, str] | None
         names[role] = key
     rows = _read_rows(p)
     all_keys = set().union(*(r.keys() for _, r in rows))
-    resolved = {role: _resolve_key(role, key, all_keys) for role, key in names.items()}
+    resolved = {role: resolve_key(key, all_keys) for role, key in names.items()}
     for role in REQUIRED_ROLES:
         if resolved[role] is None:
             shown = ", ".join(sorted(all_keys)[:12]) + (" ..." if len(all_keys) > 12 else "")

@@ -24,17 +24,6 @@ class Metric:
     ALL = (LOSS, STUDENT_ENTROPY, TRUNCATED_RATIO, TEACHER_LOGPROB, EVAL_ACCURACY)
 
 
-RELAX_METRIC_NAMES: dict[str, str] = {
-    Metric.LOSS: "train/loss",
-    Metric.STUDENT_ENTROPY: "train/entropy_loss",
-    Metric.TEACHER_LOGPROB: "rollout/teacher_log_probs",
-    Metric.TRUNCATED_RATIO: "rollout/truncated_ratio",
-    Metric.EVAL_ACCURACY: "eval/*",
-}
-"""Relax's metric names (reference/relax-integration.md §1.4). ``eval/*`` takes the first eval key
-that is not a truncation ratio or a sub-metric."""
-
-
 class LossKind(str, Enum):
     """Which distillation loss the trainer optimises."""
 
@@ -43,9 +32,12 @@ class LossKind(str, Enum):
     FORWARD_KL = "forward_kl"
 
 
-@dataclass(frozen=True)
+@dataclass
 class RunSpec:
     """Facts of the run that every check may need, set once by the user or learnt from the teacher.
+
+    Also the Hydra node ``run`` of :class:`~distill_guard.config.GuardConfig`. Treat it as a
+    value: the guard replaces it (``dataclasses.replace``), it never mutates a shared one.
 
     β is the weight of the *teacher* in the JSD mixture m = (1−β)·student + β·teacher (Relax's
     ``--opd-jsd-alpha``, TRL's ``beta``). Its ceiling H(β) is symmetric, so the check does not
@@ -64,7 +56,7 @@ class RunSpec:
 
     def __post_init__(self) -> None:
         try:
-            object.__setattr__(self, "loss", LossKind(self.loss))
+            self.loss = LossKind(self.loss)
         except ValueError:
             choices = ", ".join(k.value for k in LossKind)
             raise ValueError(f"loss must be one of {choices}, got {self.loss!r}") from None

@@ -51,6 +51,12 @@ class Decision:
     intended: Action | None = None
     """What an acting policy would have done, when ``monitor_only`` held it back."""
     message: str = ""
+    repaired: bool = False
+    """This rank's teacher was reloaded and verified at this hook (a ``rewake`` carried out
+    here): scores taken before this hook are stale, the teacher is fine now."""
+    notify: bool = True
+    """Worth a person's attention now. False for a repeat of an incident already alerted (a
+    teacher that loses its weights at every wake is one alert with a repair count)."""
 
     @property
     def acts(self) -> bool:
@@ -64,7 +70,41 @@ class Decision:
             "intended": self.intended.value if self.intended else None,
             "codes": sorted({f.code for f in self.reasons}),
             "message": self.message,
+            "repaired": self.repaired,
         }
+
+
+@dataclass(frozen=True)
+class Halt:
+    """Why and where the guard stopped the run: the first halt decision, kept for good."""
+
+    step: int | None
+    stage: str
+    """The hook that halted: ``wake``, ``teacher_scores``, ``step_metrics`` or ``sleep``."""
+    message: str
+    codes: tuple[str, ...]
+    """The finding codes behind the halt, sorted."""
+
+    @classmethod
+    def of(cls, decision: Decision, stage: str) -> Halt:
+        return cls(
+            decision.step,
+            stage,
+            decision.message,
+            tuple(sorted({f.code for f in decision.reasons})),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "stage": self.stage,
+            "message": self.message,
+            "codes": list(self.codes),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Halt:
+        return cls(data.get("step"), data["stage"], data["message"], tuple(data.get("codes", ())))
 
 
 @dataclass

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from distill_guard.alerts import Alerter
-from distill_guard.config import build_guard, compose_guard_config
+from distill_guard.config import build_guard
 from distill_guard.findings import Finding, Severity, worst
 from distill_guard.history import History
 from distill_guard.policy import Action, Decision
@@ -58,10 +58,10 @@ def replay(
     history: History, preset: str = "default", overrides: list[str] | None = None
 ) -> ReplayResult:
     """Feed every step's metrics to a guard built from ``preset``; nothing is sent anywhere."""
-    cfg = compose_guard_config(preset, overrides)
     result = ReplayResult(history, preset)
     guard = build_guard(
-        cfg,
+        preset,
+        overrides or [],
         events=None,
         alerter=Alerter(use_wandb=False, log_alerts=False),
         on_finding=result.findings.append,

@@ -264,3 +264,53 @@ def reverse_kl_uniform_gap(reverse_kl: float, student_entropy: float, vocab_size
     plus the student's entropy is exactly ln V. Healthy runs sit far below it.
     """
     return math.log(vocab_size) - (reverse_kl + student_entropy)
+
+
+def teacher_logprobs_from_logits(
+    logits: torch.Tensor,
+    *,
+    top_k: int = 16,
+    mask: torch.Tensor | None = None,
+    labels: torch.Tensor | None = None,
+    ignore_index: int = -100,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Top-k logprobs ``[n, k]`` (and logprobs of ``labels``, ``[n]``) of the kept positions.
+
+    ``logits`` is ``[..., V]``; ``mask`` and ``labels`` have its leading shape (positions whose
+    label is ``ignore_index`` are dropped). Works in float32 row chunks of ``chunk_rows``, so the
+    extra memory is one ``[chunk_rows, V]`` block whatever the batch.
+    """
+    if top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    v = logits.shape[-1]
+    z = logits.detach().reshape(-1, v)
+    keep = None if mask is None else mask.detach().reshape(-1).to(device=z.device, dtype=torch.bool)
+    lab = None
+    if labels is not None:
+        lab = labels.detach().reshape(-1).to(z.device)
+        valid = lab != ignore_index
+        keep = valid if keep is None else keep & valid
+    if keep is not None and keep.numel() != z.shape[0]:
+        raise ValueError(f"mask/labels have {keep.numel()} positions for {z.shape[0]} logit rows")
+    k = min(top_k, v)
+    tops: list[torch.Tensor] = []
+    toks: list[torch.Tensor] = []
+    for a in range(0, z.shape[0], chunk_rows):
+        b = min(a + chunk_rows, z.shape[0])
+        c = z[a:b]
+        if keep is not None:
+            c = c[keep[a:b]]
+        if c.shape[0] == 0:
+            continue
+        c = c.float()
+        lse = torch.logsumexp(c, dim=-1, keepdim=True)
+        tops.append(c.topk(k, dim=-1).values - lse)
+        if lab is not None:
+            ids = lab[a:b][keep[a:b]] if keep is not None else lab[a:b]
+            toks.append((c.gather(-1, ids.long().unsqueeze(-1)) - lse).squeeze(-1))
+    topk = torch.cat(tops) if tops else z.new_empty((0, k), dtype=torch.float32)
+    token = None
+    if lab is not None:
+        token = torch.cat(toks) if toks else z.new_empty((0,), dtype=torch.float32)
+    return topk, token

@@ -29,7 +29,7 @@ settings.load_profile("distill_guard")
 torch.set_num_threads(1)
 
 QWEN3_V = 151936
-"""Qwen3's vocabulary: the V of the failed run (DESIGN.md §1)."""
+"""Qwen3's vocabulary: the V of the failed run (docs/invariants.md §1)."""
 LN_QWEN3_V = math.log(QWEN3_V)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import socket
 import subprocess
@@ -13,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from distill_guard.cli_live import add_live_commands, main
+from distill_guard.cli import build_parser, main
 from distill_guard.teachers import SGLangHTTPTeacher, TorchTeacher
-from distill_guard.teachers.testing import child_env, reference_subprocess, reference_teacher
-from distill_guard.teachers.tiny import build_tiny_qwen3
+from distill_guard.testing.servers import child_env, reference_subprocess, reference_teacher
+from distill_guard.testing.tiny import build_tiny_qwen3
 
 torch.set_num_threads(1)  # tiny models: thread wake-ups cost more than the math
 
@@ -26,9 +25,8 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_qwen3(tmp_path_factory.mktemp("cli_tiny"), vocab_size=512)
 
 
-def test_commands_register_on_any_parser() -> None:
-    parser = argparse.ArgumentParser()
-    add_live_commands(parser.add_subparsers(dest="cmd"))
+def test_live_commands_share_the_one_parser() -> None:
+    parser = build_parser()
     for argv in (["probe", "--url", "http://x"], ["preflight", "--args", "x"],
                  ["serve-reference", "--model", "m", "--port", "1"]):  # fmt: skip
         args = parser.parse_args(argv)
@@ -102,7 +100,7 @@ def test_serve_reference_and_probe_as_processes(tiny_dir) -> None:
     expected = TorchTeacher.from_pretrained(tiny_dir).score([list(range(9, 70))], top_k=4)
     with reference_subprocess(tiny_dir, "--torch-threads", "1") as url:
         probe = subprocess.run(
-            [sys.executable, "-m", "distill_guard.cli_live", "probe", "--url", url, "--cycles", "3"],
+            [sys.executable, "-m", "distill_guard.cli", "probe", "--url", url, "--cycles", "3"],
             env=child_env(), capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert probe.returncode == 1, probe.stdout + probe.stderr

@@ -14,7 +14,11 @@ import pytest
 from distill_guard.findings import Code
 from distill_guard.history import load_history
 from distill_guard.replay import replay
-from distill_guard.synthetic import collapsed_history, healthy_history, uniform_teacher_history
+from distill_guard.testing.histories import (
+    collapsed_history,
+    healthy_history,
+    uniform_teacher_history,
+)
 from tests.conftest import QWEN3_V, write_csv, write_jsonl
 
 REPO = Path(__file__).resolve().parents[1]

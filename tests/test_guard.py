@@ -127,13 +127,12 @@ def test_halt_is_sticky(make_guard, tmp_path):
     assert guard.on_step_metrics(0, COLLAPSED).action is Action.REWAKE
     d = guard.on_step_metrics(1, COLLAPSED)
     assert d.action is Action.HALT and guard.halted
-    assert guard.summary.halt["step"] == 1 and guard.summary.halt["codes"] == [
-        Code.LOSS_JSD_CEILING
-    ]
+    assert guard.halt.step == 1 and guard.halt.codes == (Code.LOSS_JSD_CEILING,)
+    assert guard.halt.stage == "step_metrics"
     for step in range(2, 5):  # healthy from now on: still halted, at every stage
         assert guard.on_step_metrics(step, HEALTHY).action is Action.HALT
         assert guard.on_teacher_scores(step, token_logprobs=-torch.rand(8)).action is Action.HALT
-        assert guard.after_wake(step).action is Action.HALT
+        assert guard.wake(step).action is Action.HALT
     halts = [e for e in read_events(tmp_path / "events.jsonl") if e["kind"] == "halt"]
     assert len(halts) == 1 and halts[0]["step"] == 1
 
@@ -150,13 +149,16 @@ def test_stop_on_halt_false_keeps_observing(make_guard):
     assert guard.on_step_metrics(1, HEALTHY).action is Action.CONTINUE
     guard.on_step_metrics(2, {"loss": math.nan})
     assert [f.step for f in seen] == [0, 2]
-    assert guard.summary.halt["step"] == 0  # the first halt is the one recorded
+    assert guard.halt.step == 0  # the first halt is the one recorded
 
 
-def test_after_wake_without_a_canary_continues(make_guard):
+def test_wake_and_sleep_without_a_teacher_only_run_the_hosts_calls(make_guard):
     guard = make_guard(run=RUN)
-    assert guard.after_wake(0).action is Action.CONTINUE
-    guard.before_sleep(0)  # nothing to fingerprint, must not raise
+    calls = []
+    assert guard.wake(0, resume=lambda: calls.append("resume")).action is Action.CONTINUE
+    assert guard.sleep(0, release=lambda: calls.append("release")).action is Action.CONTINUE
+    assert calls == ["resume", "release"]
+    assert guard.wake(1).action is Action.CONTINUE and guard.sleep(1).action is Action.CONTINUE
 
 
 # ---------------------------------------------------------------- callback and events

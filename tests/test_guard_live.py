@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from distill_guard import Action, DistillGuard, RunSpec
-from distill_guard.checks.canary import CanaryCheck
 from distill_guard.config import build_guard, compose_guard_config
 from distill_guard.events import read_events
 from distill_guard.findings import Code
+from distill_guard.live.canary import Canary
 from distill_guard.teachers import SGLangHTTPTeacher, TorchTeacher
-from distill_guard.teachers.tiny import build_tiny_qwen3
+from distill_guard.testing.tiny import build_tiny_qwen3
 
 torch.set_num_threads(1)
 
@@ -29,10 +29,11 @@ def _teacher(model_dir: Path, **kw) -> TorchTeacher:
 
 
 def _cycle(guard: DistillGuard, teacher: TorchTeacher, step: int):
-    guard.before_sleep(step)
-    teacher.release()
-    teacher.resume()
-    return guard.after_wake(step)
+    assert guard.sleep(step).action is Action.CONTINUE
+    assert teacher.asleep  # the guard released it
+    decision = guard.wake(step)
+    assert not teacher.asleep  # ... and resumed it
+    return decision
 
 
 def _scores(teacher: TorchTeacher) -> torch.Tensor:
@@ -43,13 +44,14 @@ def test_lost_weights_are_repaired_at_every_wake_with_one_alert(model_dir, tmp_p
     teacher = _teacher(model_dir, enable_cpu_backup=False)
     healthy = _scores(teacher)
     events = tmp_path / "events.jsonl"
-    guard = DistillGuard(teacher=teacher, canary=CanaryCheck(), events=events, repair_backoff_s=0)
+    guard = DistillGuard(teacher=teacher, canary=Canary(), events=events, repair_backoff_s=0)
     assert guard.run.vocab_size == 512  # learnt from the teacher
     with caplog.at_level(logging.WARNING, logger="distill_guard"):
         decisions = [_cycle(guard, teacher, step) for step in range(5)]
     assert [d.action for d in decisions] == [Action.REWAKE] * 5  # repaired, never halted
+    assert all(d.repaired for d in decisions)  # the decision says so, no counter to compare
     assert not guard.halted
-    assert guard.summary.repairs == 5 and guard.incidents.total_repairs == 5
+    assert guard.repairs == 5 and guard.colocated.incidents.total_repairs == 5
     assert guard.summary.first[Code.TEACHER_UNIFORM] == 0
     torch.testing.assert_close(_scores(teacher), healthy)  # the teacher scores correctly again
     alerts = [e for e in read_events(events) if e["kind"] == "alert"]
@@ -61,11 +63,11 @@ def test_lost_weights_are_repaired_at_every_wake_with_one_alert(model_dir, tmp_p
 
 def test_healthy_teacher_with_backup_passes_five_cycles_silently(model_dir, tmp_path, caplog):
     teacher = _teacher(model_dir, enable_cpu_backup=True)
-    guard = DistillGuard(teacher=teacher, canary=CanaryCheck(), events=tmp_path / "e.jsonl")
+    guard = DistillGuard(teacher=teacher, canary=Canary(), events=tmp_path / "e.jsonl")
     with caplog.at_level(logging.WARNING, logger="distill_guard"):
         decisions = [_cycle(guard, teacher, step) for step in range(5)]
-    assert all(d.action is Action.CONTINUE for d in decisions)
-    assert guard.summary.count == {} and guard.summary.repairs == 0
+    assert all(d.action is Action.CONTINUE and not d.repaired for d in decisions)
+    assert guard.summary.count == {} and guard.repairs == 0
     assert caplog.records == []
 
 
@@ -78,7 +80,7 @@ def test_failed_repair_halts_and_records_why(model_dir, tmp_path):
     events = tmp_path / "events.jsonl"
     guard = DistillGuard(
         teacher=teacher,
-        canary=CanaryCheck(),
+        canary=Canary(),
         events=events,
         reloader=broken_reloader,
         repair_attempts=2,
@@ -90,12 +92,14 @@ def test_failed_repair_halts_and_records_why(model_dir, tmp_path):
     log = read_events(events)
     assert [e["kind"] for e in log].count("repair.attempt") == 2
     assert log[-1]["kind"] == "halt" and "repair failed" in log[-1]["message"]
-    assert guard.after_wake(4).action is Action.HALT  # sticky
+    assert guard.halt.step == 3 and guard.halt.stage == "wake"
+    assert Code.TEACHER_REPAIR_FAILED in guard.halt.codes
+    assert guard.wake(4).action is Action.HALT  # sticky
 
 
 def test_garbage_weights_are_caught_by_the_fingerprint(model_dir):
     teacher = _teacher(model_dir, enable_cpu_backup=False, fault="garbage")
-    guard = DistillGuard(teacher=teacher, canary=CanaryCheck(), repair_backoff_s=0)
+    guard = DistillGuard(teacher=teacher, canary=Canary(), repair_backoff_s=0)
     d = _cycle(guard, teacher, 0)
     assert d.action is Action.REWAKE
     assert Code.TEACHER_FINGERPRINT_MISMATCH in guard.summary.count
@@ -104,9 +108,11 @@ def test_garbage_weights_are_caught_by_the_fingerprint(model_dir):
 
 def test_unreachable_teacher_is_a_finding_not_an_exception():
     teacher = SGLangHTTPTeacher("http://127.0.0.1:9", timeout_s=0.5, max_retries=0, vocab_size=512)
-    guard = DistillGuard(run=RunSpec(vocab_size=512), teacher=teacher, canary=CanaryCheck())
-    guard.before_sleep(0)  # fingerprint fails: recorded, not raised
-    d = guard.after_wake(0)
+    guard = DistillGuard(run=RunSpec(vocab_size=512), teacher=teacher, canary=Canary())
+    slept = guard.sleep(0)  # fingerprint and release fail: recorded, not raised
+    assert slept.action is Action.ALERT
+    assert {f.values["during"] for f in slept.reasons} == {"fingerprint before sleep", "release"}
+    d = guard.wake(0)  # never released, so never resumed: only the canary, which fails too
     assert d.action is Action.ALERT
     assert Code.TEACHER_UNREACHABLE in guard.summary.count
 
@@ -115,5 +121,5 @@ def test_build_guard_attaches_the_configured_canary(model_dir):
     teacher = _teacher(model_dir, enable_cpu_backup=False)
     cfg = compose_guard_config("default", ["checks.canary.length=16", "repair.backoff_s=0"])
     guard = build_guard(cfg, teacher=teacher)
-    assert isinstance(guard.canary, CanaryCheck) and guard.canary.length == 16
-    assert _cycle(guard, teacher, 0).action is Action.REWAKE and guard.summary.repairs == 1
+    assert isinstance(guard.canary, Canary) and guard.canary.length == 16
+    assert _cycle(guard, teacher, 0).action is Action.REWAKE and guard.repairs == 1

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from distill_guard.history import HistoryError, load_history
-from distill_guard.synthetic import healthy_history
+from distill_guard.testing.histories import healthy_history
 from tests.conftest import write_csv, write_jsonl
 
 

@@ -208,5 +208,6 @@ def test_action_order_and_decision_dict():
         "intended": "rewake",
         "codes": sorted([Code.TEACHER_UNIFORM, Code.LOSS_JSD_CEILING]),
         "message": d.message,
+        "repaired": False,
     }
     assert Decision(0, Action.SKIP_BATCH).acts and not Decision(0, Action.ALERT).acts

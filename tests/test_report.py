@@ -10,7 +10,7 @@ from distill_guard.findings import Code
 from distill_guard.history import load_history
 from distill_guard.replay import ReplayResult, format_table, replay
 from distill_guard.report import plot_replay
-from distill_guard.synthetic import collapsed_history, healthy_history
+from distill_guard.testing.histories import collapsed_history, healthy_history
 from tests.conftest import QWEN3_V, write_jsonl
 
 

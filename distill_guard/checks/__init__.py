@@ -1,6 +1,12 @@
-"""Checks: each observes one kind of data and returns findings; none of them acts."""
+"""Checks: pure judgements of observations. Each returns findings; none of them acts or calls out.
+
+:class:`ChecksConfig` is the catalogue: one node per check, the Hydra schema of ``checks``.
+"""
+
+from dataclasses import dataclass, field, fields
 
 from distill_guard.checks.base import Check
+from distill_guard.checks.canary import CanaryCheck
 from distill_guard.checks.entropy_drift import EntropyDriftCheck
 from distill_guard.checks.jsd_ceiling import JSDCeilingCheck
 from distill_guard.checks.nonfinite import NonfiniteMetricsCheck
@@ -8,7 +14,36 @@ from distill_guard.checks.reverse_kl import ReverseKLSignatureCheck
 from distill_guard.checks.teacher_collapse import TeacherCollapseCheck
 from distill_guard.checks.truncation import TruncationCheck
 
+
+@dataclass
+class ChecksConfig:
+    """One node per check, named as in presets and on the command line."""
+
+    teacher_collapse: TeacherCollapseCheck = field(default_factory=TeacherCollapseCheck)
+    jsd_ceiling: JSDCeilingCheck = field(default_factory=JSDCeilingCheck)
+    reverse_kl_signature: ReverseKLSignatureCheck = field(default_factory=ReverseKLSignatureCheck)
+    entropy_drift: EntropyDriftCheck = field(default_factory=EntropyDriftCheck)
+    truncation: TruncationCheck = field(default_factory=TruncationCheck)
+    nonfinite_metrics: NonfiniteMetricsCheck = field(default_factory=NonfiniteMetricsCheck)
+    canary: CanaryCheck = field(default_factory=CanaryCheck)
+    """Sleep/wake canary; used only when the guard is given a live teacher."""
+
+    def enabled(self) -> list[Check]:
+        """The observation checks that are switched on, in order (the canary is not one: it
+        runs at wake, against a live teacher)."""
+        checks = (getattr(self, f.name) for f in fields(self) if f.name != "canary")
+        return [c for c in checks if c.enabled]
+
+
+def default_checks() -> list[Check]:
+    """The checks of the ``default`` preset, with their default thresholds (fresh instances)."""
+    return ChecksConfig().enabled()
+
+
 __all__ = [
+    "CanaryCheck",
+    "ChecksConfig",
+    "default_checks",
     "Check",
     "EntropyDriftCheck",
     "JSDCeilingCheck",

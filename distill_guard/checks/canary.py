@@ -1,9 +1,12 @@
-"""Canary: score a fixed sequence before sleep and after wake; a teacher that lost its weights differs."""
+"""Canary judgement: is a teacher's canary measurement after a wake the one it gave before sleep?
+
+Pure: this module never calls a teacher. :class:`~distill_guard.live.canary.Canary` measures the
+teacher (before sleep, after wake) and hands both measurements here.
+"""
 
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -11,7 +14,6 @@ import torch
 
 from distill_guard.findings import Code, Finding, Severity
 from distill_guard.signals import infer_uniform_vocab_size, uniform_logprob
-from distill_guard.teachers.base import Teacher, TeacherError
 
 FIX = (
     "Rewake the teacher (resume, reload its weights, flush, verify) now, and relaunch it with the "
@@ -23,8 +25,8 @@ FALLBACK_TOKEN_RANGE = 256
 
 
 @dataclass
-class CanaryFingerprint:
-    """What one canary scoring call returned: the reference a later call is held against."""
+class CanaryMeasurement:
+    """What one canary scoring call returned; the one before sleep is the reference after wake."""
 
     tokens: list[int]
     token_logprobs: list[float]
@@ -39,17 +41,17 @@ class CanaryFingerprint:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> CanaryFingerprint:
+    def from_dict(cls, data: dict[str, Any]) -> CanaryMeasurement:
         return cls(**data)
 
 
 @dataclass
 class CanaryComparison:
-    """The numbers behind the last verify, for tables (``distill-guard probe``) and the event log."""
+    """The numbers behind one judgement, for tables (``distill-guard probe``) and the event log."""
 
     step: int | None
     max_abs_delta: float | None
-    """Largest |Δ logprob| against the fingerprint over token and top-k values (None: no reference)."""
+    """Largest |Δ logprob| against the reference over token and top-k values (None: no reference)."""
     mean_abs_delta: float | None
     """Mean |Δ logprob| over the canary's token logprobs (None: no reference)."""
     top1_logprob: float
@@ -57,6 +59,8 @@ class CanaryComparison:
     uniform: bool
     nonfinite: int
     vocab_size: int | None
+    """V as known to the judgement, or as inferred from a flat response (``vocab_inferred``)."""
+    vocab_inferred: bool
     tolerance_mean: float
     tolerance_max: float
     deterministic: bool
@@ -71,12 +75,12 @@ class CanaryCheck:
     woke uniform (zeroed weights), one that woke with garbage, and partial damage (buffers lost,
     a half-applied reload) that is not uniform at all. The comparison is across one sleep
     boundary only, so teachers whose weights move between steps (EMA) are judged correctly as
-    long as ``fingerprint`` runs after each update, just before the sleep.
+    long as the fingerprint is taken after each update, just before the sleep.
     """
 
     tokens: list[int] | None = None
     """The canary sequence. ``None``: ``length`` ids drawn with ``seed`` from [0, V) (or from
-    [0, 256) when V is unknown), fixed at first use and kept in ``state_dict``."""
+    [0, 256) when V is unknown), fixed at first use and kept in the guard's state."""
     seed: int = 0
     """Seed of the drawn sequence."""
     length: int = 64
@@ -99,103 +103,38 @@ class CanaryCheck:
     """V; ``None`` asks the teacher (``config.json`` at its ``model_path``), else infers it from
     a flat response."""
 
-    def __post_init__(self) -> None:
-        # Runtime state, not configuration: kept out of the dataclass fields so the check is
-        # also its own Hydra schema.
-        self._fingerprint: CanaryFingerprint | None = None
-        self._tokens: list[int] | None = None
-        self._deterministic: bool | None = None
-        self.last_comparison: CanaryComparison | None = None
-        """What the last ``verify`` measured."""
-
-    # -- measuring -------------------------------------------------------------------------
-
-    def resolve_vocab_size(self, teacher: Teacher | None) -> int | None:
-        """V from this check, else from the teacher; None if neither can tell."""
-        if self.vocab_size is None and teacher is not None:
-            try:
-                self.vocab_size = teacher.vocab_size
-            except TeacherError:
-                return None
-        return self.vocab_size
-
-    def canary_tokens(self, teacher: Teacher | None = None) -> list[int]:
-        """The sequence, drawn on first use and then fixed."""
-        if self._tokens is None:
-            if self.tokens is not None:
-                self._tokens = [int(t) for t in self.tokens]
-            else:
-                high = self.resolve_vocab_size(teacher) or FALLBACK_TOKEN_RANGE
-                gen = torch.Generator().manual_seed(self.seed)
-                self._tokens = torch.randint(0, high, (self.length,), generator=gen).tolist()
-            if len(self._tokens) < 2:
-                raise ValueError(f"a canary needs at least 2 tokens, got {len(self._tokens)}")
-        return list(self._tokens)
-
-    def is_deterministic(self, teacher: Teacher | None) -> bool:
-        """The configured flag, else the teacher's ``enable_deterministic_inference``."""
-        if self.deterministic is not None:
-            return self.deterministic
-        if self._deterministic is None:
-            try:
-                info = teacher.server_info() if teacher is not None else {}
-            except TeacherError:
-                return False  # unknown: the wider tolerance, not a false alarm; ask again later
-            self._deterministic = bool(info.get("enable_deterministic_inference", False))
-        return self._deterministic
-
-    def measure(self, teacher: Teacher, step: int | None = None) -> CanaryFingerprint:
-        """One scoring call on the canary. Raises :class:`TeacherError` if the teacher fails."""
-        tokens = self.canary_tokens(teacher)
-        t0 = time.perf_counter()
-        res = teacher.score([tokens], top_k=self.top_k, logprob_start_len=0)
-        seconds = time.perf_counter() - t0
-        return CanaryFingerprint(
-            tokens=tokens,
-            token_logprobs=res.token_logprobs[0].tolist(),
-            topk_logprobs=res.topk_logprobs[0].tolist() if res.topk_logprobs else None,
-            topk_ids=res.topk_ids[0].tolist() if res.topk_ids else None,
-            step=step,
-            seconds=seconds,
-        )
-
-    def fingerprint(self, teacher: Teacher, step: int | None = None) -> CanaryFingerprint:
-        """Score the canary and keep it as the reference for the next ``verify`` (before sleep)."""
-        self.is_deterministic(teacher)
-        fp = self.measure(teacher, step)
-        self._fingerprint = fp
-        return fp
-
-    @property
-    def last_fingerprint(self) -> CanaryFingerprint | None:
-        return self._fingerprint
-
-    def verify(self, teacher: Teacher, step: int | None = None) -> list[Finding]:
-        """Score the canary after wake and judge it; empty when the teacher is as it was.
-
-        Raises :class:`TeacherError` when the teacher cannot be scored (the guard turns that into
-        ``teacher.unreachable`` with :func:`teacher_error_finding`).
-        """
-        fp = self.measure(teacher, step)
-        return self.judge(fp, step=step, teacher=teacher)
-
-    # -- judging ---------------------------------------------------------------------------
+    def draw_tokens(self, vocab_size: int | None) -> list[int]:
+        """The canary sequence: ``tokens`` if set, else ``length`` seeded ids below V (or 256)."""
+        if self.tokens is not None:
+            tokens = [int(t) for t in self.tokens]
+        else:
+            gen = torch.Generator().manual_seed(self.seed)
+            high = vocab_size or FALLBACK_TOKEN_RANGE
+            tokens = torch.randint(0, high, (self.length,), generator=gen).tolist()
+        if len(tokens) < 2:
+            raise ValueError(f"a canary needs at least 2 tokens, got {len(tokens)}")
+        return tokens
 
     def judge(
-        self, fp: CanaryFingerprint, *, step: int | None = None, teacher: Teacher | None = None
-    ) -> list[Finding]:
-        """Findings for one measurement against the stored fingerprint (pure but for caching V)."""
-        tok = torch.tensor(fp.token_logprobs, dtype=torch.float64)
-        topk = torch.tensor(fp.topk_logprobs, dtype=torch.float64) if fp.topk_logprobs else None
+        self,
+        measured: CanaryMeasurement,
+        reference: CanaryMeasurement | None,
+        *,
+        vocab_size: int | None,
+        deterministic: bool,
+    ) -> tuple[list[Finding], CanaryComparison]:
+        """Findings for one measurement against the reference taken before sleep (if any)."""
+        step = measured.step
+        tok = torch.tensor(measured.token_logprobs, dtype=torch.float64)
+        topk = (
+            torch.tensor(measured.topk_logprobs, dtype=torch.float64)
+            if measured.topk_logprobs
+            else None
+        )
         everything = torch.cat([tok, topk.reshape(-1)]) if topk is not None else tok
         nonfinite = int((~torch.isfinite(everything)).sum())
         top1 = float(topk[:, 0].mean()) if topk is not None and topk.numel() else math.nan
-        det = self.is_deterministic(teacher)
-        ref = (
-            self._fingerprint
-            if self._fingerprint and self._fingerprint.tokens == fp.tokens
-            else None
-        )
+        ref = reference if reference is not None and reference.tokens == measured.tokens else None
         max_d = mean_d = None
         if ref is not None and nonfinite == 0:
             d_tok = (tok - torch.tensor(ref.token_logprobs, dtype=torch.float64)).abs()
@@ -204,11 +143,11 @@ class CanaryCheck:
             if topk is not None and ref.topk_logprobs:
                 d_top = (topk - torch.tensor(ref.topk_logprobs, dtype=torch.float64)).abs()
                 max_d = max(max_d, float(d_top.max()) if d_top.numel() else 0.0)
-        vocab, inferred = (
-            self._uniform_vocab(tok, topk, teacher) if nonfinite == 0 else (None, False)
+        uniform_v, inferred = (
+            self._uniform_vocab(tok, topk, vocab_size) if nonfinite == 0 else (None, False)
         )
+        common = {"canary_tokens": len(measured.tokens), "top_k": self.top_k}
         findings: list[Finding] = []
-        common = {"canary_tokens": len(fp.tokens), "top_k": self.top_k}
         if nonfinite:
             findings.append(
                 Finding(
@@ -220,74 +159,98 @@ class CanaryCheck:
                     {**common, "nonfinite": nonfinite, "count": everything.numel()},
                 )
             )
-        elif vocab is not None:
-            u = uniform_logprob(vocab)
-            what = f"all {tok.numel()} token logprobs" + (
-                f" and all {topk.shape[0]}×{topk.shape[1]} top-{topk.shape[1]} logprobs"
-                if topk is not None
-                else ""
-            )
-            findings.append(
-                Finding(
-                    Code.TEACHER_UNIFORM,
-                    Severity.CRITICAL,
-                    f"Canary: {what} are within {self.uniform_atol:g} of −ln V = {u:.5f} "
-                    f"(V={vocab}{', inferred from the response' if inferred else ''}): the teacher's "
-                    f"distribution is uniform, its weights are gone (typically a wake with the "
-                    f"memory saver on and no weights CPU backup). {FIX}",
-                    step,
-                    {
-                        **common,
-                        "top1_logprob": top1,
-                        "uniform_logprob": u,
-                        "vocab_size": vocab,
-                        "vocab_inferred": inferred,
-                        "atol": self.uniform_atol,
-                    },
-                )
-            )
-        elif max_d is not None and mean_d is not None and self._mismatch(mean_d, max_d, det):
-            bound = (
-                f"bound {self.deterministic_tolerance:g}, deterministic inference"
-                if det
-                else f"bounds mean {self.tolerance_mean:g}, max {self.tolerance_max:g}"
-            )
-            findings.append(
-                Finding(
-                    Code.TEACHER_FINGERPRINT_MISMATCH,
-                    Severity.CRITICAL,
-                    f"Canary: logprobs differ from the fingerprint taken before sleep (step "
-                    f"{ref.step if ref else None}): mean |Δ| {mean_d:.4g} nats, max |Δ| "
-                    f"{max_d:.4g} ({bound}). The weights changed across sleep and wake (garbage "
-                    f"or partly lost weights, e.g. RoPE buffers). {FIX} If this is benign noise, "
-                    f"raise tolerance_mean / tolerance_max.",
-                    step,
-                    {
-                        **common,
-                        "mean_abs_delta": mean_d,
-                        "max_abs_delta": max_d,
-                        "tolerance_mean": self.tolerance_mean,
-                        "tolerance_max": self.tolerance_max,
-                        "deterministic": det,
-                        "deterministic_tolerance": self.deterministic_tolerance,
-                        "fingerprint_step": ref.step if ref else None,
-                    },
-                )
-            )
-        self.last_comparison = CanaryComparison(
+        elif uniform_v is not None:
+            findings.append(self._uniform_finding(tok, topk, uniform_v, inferred, top1, step))
+        elif (
+            max_d is not None
+            and mean_d is not None
+            and self._mismatch(mean_d, max_d, deterministic)
+        ):
+            findings.append(self._mismatch_finding(mean_d, max_d, deterministic, ref, step))
+        comparison = CanaryComparison(
             step=step,
             max_abs_delta=max_d,
             mean_abs_delta=mean_d,
             top1_logprob=top1,
-            uniform=vocab is not None,
+            uniform=uniform_v is not None,
             nonfinite=nonfinite,
-            vocab_size=self.vocab_size,
-            tolerance_mean=self.deterministic_tolerance if det else self.tolerance_mean,
-            tolerance_max=self.deterministic_tolerance if det else self.tolerance_max,
-            deterministic=det,
-            seconds=fp.seconds,
+            vocab_size=uniform_v if inferred else vocab_size,
+            vocab_inferred=inferred,
+            tolerance_mean=self.deterministic_tolerance if deterministic else self.tolerance_mean,
+            tolerance_max=self.deterministic_tolerance if deterministic else self.tolerance_max,
+            deterministic=deterministic,
+            seconds=measured.seconds,
         )
-        return findings
+        return findings, comparison
+
+    def _uniform_finding(
+        self,
+        tok: torch.Tensor,
+        topk: torch.Tensor | None,
+        vocab: int,
+        inferred: bool,
+        top1: float,
+        step: int | None,
+    ) -> Finding:
+        u = uniform_logprob(vocab)
+        what = f"all {tok.numel()} token logprobs" + (
+            f" and all {topk.shape[0]}×{topk.shape[1]} top-{topk.shape[1]} logprobs"
+            if topk is not None
+            else ""
+        )
+        return Finding(
+            Code.TEACHER_UNIFORM,
+            Severity.CRITICAL,
+            f"Canary: {what} are within {self.uniform_atol:g} of −ln V = {u:.5f} "
+            f"(V={vocab}{', inferred from the response' if inferred else ''}): the teacher's "
+            f"distribution is uniform, its weights are gone (typically a wake with the "
+            f"memory saver on and no weights CPU backup). {FIX}",
+            step,
+            {
+                "canary_tokens": tok.numel() + 1,
+                "top_k": self.top_k,
+                "top1_logprob": top1,
+                "uniform_logprob": u,
+                "vocab_size": vocab,
+                "vocab_inferred": inferred,
+                "atol": self.uniform_atol,
+            },
+        )
+
+    def _mismatch_finding(
+        self,
+        mean_d: float,
+        max_d: float,
+        det: bool,
+        ref: CanaryMeasurement | None,
+        step: int | None,
+    ) -> Finding:
+        bound = (
+            f"bound {self.deterministic_tolerance:g}, deterministic inference"
+            if det
+            else f"bounds mean {self.tolerance_mean:g}, max {self.tolerance_max:g}"
+        )
+        return Finding(
+            Code.TEACHER_FINGERPRINT_MISMATCH,
+            Severity.CRITICAL,
+            f"Canary: logprobs differ from the fingerprint taken before sleep (step "
+            f"{ref.step if ref else None}): mean |Δ| {mean_d:.4g} nats, max |Δ| "
+            f"{max_d:.4g} ({bound}). The weights changed across sleep and wake (garbage "
+            f"or partly lost weights, e.g. RoPE buffers). {FIX} If this is benign noise, "
+            f"raise tolerance_mean / tolerance_max.",
+            step,
+            {
+                "canary_tokens": len(ref.tokens) if ref else None,
+                "top_k": self.top_k,
+                "mean_abs_delta": mean_d,
+                "max_abs_delta": max_d,
+                "tolerance_mean": self.tolerance_mean,
+                "tolerance_max": self.tolerance_max,
+                "deterministic": det,
+                "deterministic_tolerance": self.deterministic_tolerance,
+                "fingerprint_step": ref.step if ref else None,
+            },
+        )
 
     def _mismatch(self, mean_d: float, max_d: float, det: bool) -> bool:
         if det:
@@ -295,7 +258,7 @@ class CanaryCheck:
         return mean_d > self.tolerance_mean or max_d > self.tolerance_max
 
     def _uniform_vocab(
-        self, tok: torch.Tensor, topk: torch.Tensor | None, teacher: Teacher | None
+        self, tok: torch.Tensor, topk: torch.Tensor | None, vocab: int | None
     ) -> tuple[int | None, bool]:
         """(V, inferred) when the measurement has the uniform signature, else (None, False).
 
@@ -306,7 +269,6 @@ class CanaryCheck:
         if tok.numel() == 0:
             return None, False
         values = torch.cat([tok, topk.reshape(-1)]) if topk is not None else tok
-        vocab = self.resolve_vocab_size(teacher)
         if vocab is not None:
             if bool(((values - uniform_logprob(vocab)).abs() <= self.uniform_atol).all()):
                 return vocab, False
@@ -319,36 +281,4 @@ class CanaryCheck:
         guess = infer_uniform_vocab_size(v)
         if guess < max(topk.shape[1], 2) or abs(uniform_logprob(guess) - v) > self.uniform_atol:
             return None, False
-        self.vocab_size = guess
         return guess, True
-
-    # -- state -----------------------------------------------------------------------------
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "tokens": self._tokens,
-            "vocab_size": self.vocab_size,
-            "fingerprint": self._fingerprint.to_dict() if self._fingerprint else None,
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._tokens = list(state["tokens"]) if state.get("tokens") is not None else None
-        if state.get("vocab_size") is not None:
-            self.vocab_size = int(state["vocab_size"])
-        fp = state.get("fingerprint")
-        self._fingerprint = CanaryFingerprint.from_dict(fp) if fp else None
-
-
-def teacher_error_finding(
-    error: TeacherError, step: int | None = None, *, during: str = ""
-) -> Finding:
-    """``teacher.unreachable`` for a teacher call that failed, naming the call and the error."""
-    where = f" during {during}" if during else ""
-    return Finding(
-        Code.TEACHER_UNREACHABLE,
-        Severity.CRITICAL,
-        f"Teacher call failed{where}: {error}. The teacher cannot be checked or used until it "
-        "answers; check that the server is up and reachable (and its API key).",
-        step,
-        {"error": str(error), "error_type": type(error).__name__, "during": during},
-    )

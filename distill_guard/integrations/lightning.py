@@ -26,19 +26,13 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
+from distill_guard.config import GuardSpec, build_guard
 from distill_guard.consensus import attach
-from distill_guard.integrations.plain import GuardLike, StepGuard, map_metrics, resolve_guard
+from distill_guard.integrations.plain import StepGuard
+from distill_guard.metric_names import LIGHTNING_METRIC_NAMES, pick_metrics
 from distill_guard.observations import Metric
 
 log = logging.getLogger("distill_guard")
-
-LIGHTNING_METRIC_KEYS: dict[str, str] = {
-    Metric.LOSS: "train/loss",
-    Metric.STUDENT_ENTROPY: "train/entropy",
-    Metric.TRUNCATED_RATIO: "train/truncated_ratio",
-    Metric.EVAL_ACCURACY: "val/acc",
-}
-"""Default ``{role: logged name}`` (lightning-hydra-template names); override with ``metric_keys``."""
 
 
 class DistillGuardCallback(pl.Callback):
@@ -48,7 +42,7 @@ class DistillGuardCallback(pl.Callback):
         guard: a guard, a preset name (``default``/``monitor_only``/``strict``), or a guard
             config node; None composes ``default``.
         guard_overrides: Hydra overrides for a preset or config, e.g. ``["run.vocab_size=151936"]``.
-        metric_keys: ``{role: logged name}``; :data:`LIGHTNING_METRIC_KEYS` by default.
+        metric_keys: ``{role: logged name}``; :data:`LIGHTNING_METRIC_NAMES` by default.
         teacher_attr: attribute of the LightningModule holding the teacher ``nn.Module``; its
             forwards during training steps are observed. None: hand logits over yourself.
         top_k: teacher top-k kept per position.
@@ -59,7 +53,7 @@ class DistillGuardCallback(pl.Callback):
 
     def __init__(
         self,
-        guard: GuardLike = None,
+        guard: GuardSpec = None,
         *,
         guard_overrides: Sequence[str] = (),
         metric_keys: Mapping[str, str] | None = None,
@@ -69,9 +63,9 @@ class DistillGuardCallback(pl.Callback):
         dirpath: str | os.PathLike[str] | None = None,
         consensus_timeout_s: float = 60.0,
     ) -> None:
-        self.step_guard = StepGuard(resolve_guard(guard, guard_overrides), top_k=top_k)
+        self.step_guard = StepGuard(build_guard(guard, guard_overrides), top_k=top_k)
         self.step_guard.collecting = False
-        self.metric_keys = dict(LIGHTNING_METRIC_KEYS if metric_keys is None else metric_keys)
+        self.metric_keys = dict(LIGHTNING_METRIC_NAMES if metric_keys is None else metric_keys)
         self.teacher_attr = teacher_attr
         self.save_on_halt = save_on_halt
         self.dirpath = dirpath
@@ -129,7 +123,7 @@ class DistillGuardCallback(pl.Callback):
             return
         step, self._updated = self._updated, None
         if not self.step_guard.halted:
-            metrics = map_metrics(trainer.callback_metrics, self.metric_keys)
+            metrics = pick_metrics(trainer.callback_metrics, self.metric_keys)
             self.step_guard.after_update(step, metrics)
         halt = self.step_guard.halted
         if trainer.world_size > 1:  # already agreed by the reducer; the strategy makes it certain
@@ -140,12 +134,10 @@ class DistillGuardCallback(pl.Callback):
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking or self.step_guard.halted:
             return
-        key = self.metric_keys.get(Metric.EVAL_ACCURACY)
-        if key and key in trainer.callback_metrics:
-            self.step_guard.after_update(
-                max(trainer.global_step - 1, 0),
-                {Metric.EVAL_ACCURACY: trainer.callback_metrics[key]},
-            )
+        names = {Metric.EVAL_ACCURACY: self.metric_keys.get(Metric.EVAL_ACCURACY, "")}
+        accuracy = pick_metrics(trainer.callback_metrics, names)
+        if accuracy:
+            self.step_guard.after_update(max(trainer.global_step - 1, 0), accuracy)
             if self.step_guard.halted and not self._stopped:
                 self._halt(trainer, trainer.global_step)
 

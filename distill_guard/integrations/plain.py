@@ -37,97 +37,13 @@ from typing import Any
 
 import torch
 
-from distill_guard.guard import DistillGuard
+from distill_guard.config import GuardSpec, build_guard
+from distill_guard.metric_names import as_float
 from distill_guard.observations import Metric
 from distill_guard.policy import Action, Decision
-from distill_guard.signals import DEFAULT_CHUNK_ROWS
+from distill_guard.signals import DEFAULT_CHUNK_ROWS, teacher_logprobs_from_logits
 
 log = logging.getLogger("distill_guard")
-
-GuardLike = Any
-"""A :class:`DistillGuard`, a preset name, a guard config node (DictConfig / mapping), or None."""
-
-
-def resolve_guard(
-    guard: GuardLike = None, overrides: Sequence[str] = (), **kwargs: Any
-) -> DistillGuard:
-    """A guard from whatever a callback was given (Hydra nodes pass presets or config nodes).
-
-    ``None`` or a preset name composes that preset (``default`` for None) with ``overrides``
-    (relative to the guard node, e.g. ``"run.vocab_size=151936"``); a config node is built as is;
-    a :class:`DistillGuard` is returned unchanged. ``kwargs`` go to :func:`build_guard`.
-    """
-    if isinstance(guard, DistillGuard):
-        if overrides or kwargs:
-            raise ValueError(
-                "guard_overrides and guard kwargs need a preset or a config, not a guard"
-            )
-        return guard
-    from omegaconf import DictConfig, OmegaConf
-
-    from distill_guard.config import GuardConfig, build_guard, compose_guard_config
-
-    if guard is None or isinstance(guard, str):
-        cfg = compose_guard_config(guard or "default", list(overrides))
-    elif isinstance(guard, (DictConfig, Mapping)):
-        cfg = OmegaConf.merge(OmegaConf.structured(GuardConfig), guard)
-        if overrides:
-            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
-    else:
-        raise TypeError(
-            f"guard must be a DistillGuard, a preset name, a config node or None, not {type(guard).__name__}"
-        )
-    return build_guard(cfg, **kwargs)
-
-
-def teacher_logprobs_from_logits(
-    logits: torch.Tensor,
-    *,
-    top_k: int = 16,
-    mask: torch.Tensor | None = None,
-    labels: torch.Tensor | None = None,
-    ignore_index: int = -100,
-    chunk_rows: int = DEFAULT_CHUNK_ROWS,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Top-k logprobs ``[n, k]`` (and logprobs of ``labels``, ``[n]``) of the kept positions.
-
-    ``logits`` is ``[..., V]``; ``mask`` and ``labels`` have its leading shape (positions whose
-    label is ``ignore_index`` are dropped). Works in float32 row chunks of ``chunk_rows``, so the
-    extra memory is one ``[chunk_rows, V]`` block whatever the batch.
-    """
-    if top_k < 1:
-        raise ValueError(f"top_k must be >= 1, got {top_k}")
-    v = logits.shape[-1]
-    z = logits.detach().reshape(-1, v)
-    keep = None if mask is None else mask.detach().reshape(-1).to(device=z.device, dtype=torch.bool)
-    lab = None
-    if labels is not None:
-        lab = labels.detach().reshape(-1).to(z.device)
-        valid = lab != ignore_index
-        keep = valid if keep is None else keep & valid
-    if keep is not None and keep.numel() != z.shape[0]:
-        raise ValueError(f"mask/labels have {keep.numel()} positions for {z.shape[0]} logit rows")
-    k = min(top_k, v)
-    tops: list[torch.Tensor] = []
-    toks: list[torch.Tensor] = []
-    for a in range(0, z.shape[0], chunk_rows):
-        b = min(a + chunk_rows, z.shape[0])
-        c = z[a:b]
-        if keep is not None:
-            c = c[keep[a:b]]
-        if c.shape[0] == 0:
-            continue
-        c = c.float()
-        lse = torch.logsumexp(c, dim=-1, keepdim=True)
-        tops.append(c.topk(k, dim=-1).values - lse)
-        if lab is not None:
-            ids = lab[a:b][keep[a:b]] if keep is not None else lab[a:b]
-            toks.append((c.gather(-1, ids.long().unsqueeze(-1)) - lse).squeeze(-1))
-    topk = torch.cat(tops) if tops else z.new_empty((0, k), dtype=torch.float32)
-    token = None
-    if lab is not None:
-        token = torch.cat(toks) if toks else z.new_empty((0,), dtype=torch.float32)
-    return topk, token
 
 
 def _logits_of(output: Any) -> torch.Tensor | None:
@@ -153,7 +69,8 @@ class StepGuard:
     on the guard each of these is one collective, so the call pattern must match across ranks.
 
     Args:
-        guard: the guard (or a preset name / config node, see :func:`resolve_guard`).
+        guard: the guard, or a preset name or config node (see
+            :func:`~distill_guard.config.build_guard`).
         overrides: Hydra overrides of a preset or config node (``"events_path=guard.jsonl"``).
         top_k: teacher top-k kept per position when reducing full logits.
         chunk_rows: rows per float32 chunk when reducing full logits.
@@ -163,14 +80,14 @@ class StepGuard:
 
     def __init__(
         self,
-        guard: GuardLike = None,
+        guard: GuardSpec = None,
         overrides: Sequence[str] = (),
         *,
         top_k: int = 16,
         chunk_rows: int = DEFAULT_CHUNK_ROWS,
         learn_vocab_size: bool = True,
     ) -> None:
-        self.guard = resolve_guard(guard, overrides)
+        self.guard = build_guard(guard, overrides)
         self.top_k = top_k
         self.chunk_rows = chunk_rows
         self.learn_vocab_size = learn_vocab_size
@@ -332,7 +249,7 @@ class StepGuard:
 
         The loss is left out when it was already judged raw in :meth:`before_update`.
         """
-        values = {k: _scalar(v) for k, v in metrics.items() if v is not None}
+        values = {k: as_float(v) for k, v in metrics.items() if v is not None}
         if self.loss_before_update:
             values.pop(Metric.LOSS, None)
         decision = self.guard.on_step_metrics(step, values)
@@ -341,15 +258,16 @@ class StepGuard:
 
     # ------------------------------------------------------------------ colocated teachers
 
-    def after_wake(self, step: int) -> Decision:
-        """Right after waking a colocated teacher: the guard's canary (and repair, if it holds
-        the teacher). Score with the teacher only if the decision does not act or it was repaired."""
-        self.last_decision = self.guard.after_wake(step)
+    def wake(self, step: int, *, resume: Any = None) -> Decision:
+        """Wake the guard's colocated teacher and check it (:meth:`DistillGuard.wake`). Score
+        with it only if the decision does not act, or ``decision.repaired``."""
+        self.last_decision = self.guard.wake(step, resume=resume)
         return self.last_decision
 
-    def before_sleep(self, step: int) -> None:
-        """Just before putting a colocated teacher to sleep: the canary's fingerprint."""
-        self.guard.before_sleep(step)
+    def sleep(self, step: int, *, release: Any = None) -> Decision:
+        """Fingerprint the guard's colocated teacher, then release it (:meth:`DistillGuard.sleep`)."""
+        self.last_decision = self.guard.sleep(step, release=release)
+        return self.last_decision
 
     # ------------------------------------------------------------------ state
 
@@ -359,39 +277,4 @@ class StepGuard:
 
     @property
     def halt_reason(self) -> str | None:
-        halt = self.guard.summary.halt
-        return halt["message"] if halt else None
-
-
-def _scalar(value: Any) -> float:
-    if isinstance(value, torch.Tensor):
-        return float(value.detach().float().mean())
-    return float(value)
-
-
-def map_metrics(logs: Mapping[str, Any], metric_keys: Mapping[str, str]) -> dict[str, float | None]:
-    """Pick the roles' values out of a framework's metrics by ``{role: framework key}``.
-
-    A key ending in ``*`` takes the first matching key (``"eval/*"``), skipping truncation
-    ratios and sub-metrics, as :data:`~distill_guard.observations.RELAX_METRIC_NAMES` describes.
-    """
-    out: dict[str, float | None] = {}
-    for role, key in metric_keys.items():
-        if not key:
-            continue
-        if key.endswith("*"):
-            prefix = key[:-1]
-            key = next(
-                (
-                    k
-                    for k in logs
-                    if k.startswith(prefix) and "truncated" not in k and "/" not in k[len(prefix) :]
-                ),
-                "",
-            )
-        if key in logs and logs[key] is not None:
-            try:
-                out[role] = _scalar(logs[key])
-            except (TypeError, ValueError):
-                continue
-    return out
+        return self.guard.halt.message if self.guard.halt else None

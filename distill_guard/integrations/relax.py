@@ -1,4 +1,4 @@
-"""Relax: the guard through Relax's function-path hooks (reference/relax-integration.md §3).
+"""Relax: the guard through Relax's function-path hooks (``docs/relax.md`` §3).
 
 Load with Relax's own flags; nothing in Relax needs patching::
 
@@ -46,11 +46,12 @@ from typing import Any
 import torch
 
 from distill_guard.checks import TeacherCollapseCheck
+from distill_guard.config import GuardSpec, build_guard
 from distill_guard.findings import Severity
 from distill_guard.guard import DistillGuard
-from distill_guard.integrations.plain import GuardLike, resolve_guard
+from distill_guard.metric_names import RELAX_METRIC_NAMES, resolve_key
 from distill_guard.observations import LossKind, Metric, RunSpec, TeacherScores
-from distill_guard.policy import Action, Decision
+from distill_guard.policy import Decision
 
 log = logging.getLogger("distill_guard")
 
@@ -70,7 +71,7 @@ TeacherInputs = Callable[[Any], "tuple[list[int], int]"]
 
 
 def default_teacher_inputs(sample: Any) -> tuple[list[int], int]:
-    """What Relax sends the teacher (§1.2): prompt + response, ``logprob_start_len = prompt_len-1``.
+    """What Relax sends the teacher (``docs/relax.md`` §1.2): prompt + response, ``logprob_start_len = prompt_len-1``.
 
     OPSD/SDPO score a teacher prompt plus the response instead; a sample carrying
     ``teacher_input_ids`` (inferred name, from ``OpsdWorker.teacher_input_ids``) uses those.
@@ -118,11 +119,10 @@ class RelaxGuard:
         t0 = time.perf_counter()
         self.step = rollout_id
         guard = self.guard
-        repairs = guard.summary.repairs
         batch = _collect(samples, guard.run.vocab_size)
         decision = guard.on_teacher_scores(rollout_id, batch.token, batch.topk)
         rescored = masked = 0
-        if decision.action is Action.REWAKE and guard.summary.repairs > repairs:
+        if decision.repaired:
             done, unscorable = self.rescore(samples)
             rescored = len(done)
             verified = True
@@ -151,7 +151,7 @@ class RelaxGuard:
             "guard/findings": float(sum(f.severity >= Severity.WARN for f in decision.reasons)),
             "guard/rescored_samples": float(rescored),
             "guard/masked_samples": float(masked),
-            "guard/repairs": float(guard.summary.repairs),
+            "guard/repairs": float(guard.repairs),
             "guard/halted": float(guard.halted),
             "guard/check_seconds": time.perf_counter() - t0,
         }
@@ -212,29 +212,25 @@ class RelaxGuard:
     def halt(self, samples: Sequence[Any] = ()) -> None:
         """Take the samples out of the loss, write the marker, and raise unless in ``mark`` mode."""
         mask_out(samples)
-        halt = self.guard.summary.halt or {}
-        reason = halt.get("message") or "halted"
-        if self.halt_marker is not None:
+        halt = self.guard.halt
+        if self.halt_marker is not None and halt is not None:
             self.halt_marker.parent.mkdir(parents=True, exist_ok=True)
-            self.halt_marker.write_text(json.dumps({**halt, "time": time.time()}))
+            self.halt_marker.write_text(json.dumps({**halt.to_dict(), "time": time.time()}))
             self.guard.events.write("halt_marker", path=str(self.halt_marker))
         self.guard.close()
         if self.halt_mode == "raise":
-            raise GuardHalt(f"distill_guard halted the run at step {halt.get('step')}: {reason}")
+            where, why = (halt.step, halt.message) if halt is not None else (None, "halted")
+            raise GuardHalt(f"distill_guard halted the run at step {where}: {why}")
 
     # ---------------------------------------------------------------- sleep / wake
 
-    def before_sleep(self) -> None:
-        """Just before the teacher is released: fingerprint it; track the sleep."""
-        self.guard.before_sleep(self.step)
-        with contextlib.suppress(Exception):
-            self.teacher.sleep_state.mark_released(None)
+    def sleep(self, release: Callable[[], Any]) -> None:
+        """Relax puts the teacher to sleep with ``release``: the guard fingerprints it first."""
+        self.guard.sleep(self.step, release=release)
 
-    def after_wake(self) -> Decision:
-        """Right after the teacher is resumed: track the wake, then the canary (and repair)."""
-        with contextlib.suppress(Exception):
-            self.teacher.sleep_state.mark_resumed(None)
-        decision = self.guard.after_wake(self.step)
+    def wake(self, resume: Callable[[], Any]) -> Decision:
+        """Relax wakes the teacher with ``resume``: the guard checks it (and repairs it) after."""
+        decision = self.guard.wake(self.step, resume=resume)
         if self.guard.halted:
             self.halt()
         return decision
@@ -244,7 +240,7 @@ _STATE: RelaxGuard | None = None
 
 
 def configure(
-    guard: GuardLike = None,
+    guard: GuardSpec = None,
     *,
     guard_overrides: Sequence[str] = (),
     args: Any = None,
@@ -263,16 +259,13 @@ def configure(
     layer), so a dead teacher is reloaded and verified before the step's samples are re-scored.
     """
     global _STATE
-    g = resolve_guard(guard, guard_overrides)
+    g = build_guard(guard, guard_overrides)
     g.run = _run_from_args(g.run, args)
     if teacher is None and repair:
         teacher = _teacher_from(args)
     if teacher is not None and repair:
-        g.teacher = teacher
-        if canary is None:
-            canary = _default_canary()
-        g.canary = canary
-    if teacher is not None and g.run.vocab_size is None:
+        g.attach_teacher(teacher, canary)
+    elif teacher is not None and g.run.vocab_size is None:
         with contextlib.suppress(Exception):
             v = teacher.vocab_size
             if v:
@@ -347,17 +340,22 @@ def rollout_log_function(
 
 
 def eval_rollout_log_function(rollout_id: int, args: Any, data: dict, extra_metrics: dict) -> bool:
-    """``--custom-eval-rollout-log-function-path``: the eval accuracy (mean reward of the first
-    dataset, as ``eval/<name>``) goes to the guard; False keeps Relax's own logging."""
+    """``--custom-eval-rollout-log-function-path``: the eval accuracy goes to the guard (the mean
+    reward of the dataset Relax logs as the ``eval/*`` key replay picks); False keeps Relax's
+    own logging."""
     st = state(args)
     if st.guard.halted:
         return False
     accuracy = None
-    for d in (data or {}).values():
-        rewards = [float(r) for r in (d.get("rewards") or []) if r is not None]
-        if rewards:
-            accuracy = sum(rewards) / len(rewards)
-            break
+    rewards_of = {
+        f"eval/{name}": [float(r) for r in (d.get("rewards") or []) if r is not None]
+        for name, d in (data or {}).items()
+    }
+    key = resolve_key(
+        RELAX_METRIC_NAMES[Metric.EVAL_ACCURACY], [k for k, r in rewards_of.items() if r]
+    )
+    if key is not None:
+        accuracy = sum(rewards_of[key]) / len(rewards_of[key])
     decision = st.guard.on_step_metrics(rollout_id, {Metric.EVAL_ACCURACY: accuracy})
     if extra_metrics is not None:
         extra_metrics["guard/eval_action"] = float(decision.action.rank)
@@ -510,8 +508,9 @@ def __getattr__(name: str) -> Any:
 def wrap_teacher_manager(manager: Any, relax_guard: RelaxGuard | None = None) -> Any:
     """Make a TeacherManager-like object (or class) call the guard around its sleep and wake.
 
-    ``offload()`` is preceded by :meth:`RelaxGuard.before_sleep` (fingerprint) and ``onload()``
-    followed by :meth:`RelaxGuard.after_wake` (canary, repair, or halt). Relax's TeacherManager
+    ``offload()`` runs inside :meth:`RelaxGuard.sleep` (fingerprint, then offload) and
+    ``onload()`` inside :meth:`RelaxGuard.wake` (onload, then canary, repair, or halt): the
+    guard's one colocated step, with Relax doing the release and resume. Relax's TeacherManager
     is a Ray actor: wrap it in the process that owns it (its class before the actor starts, from a
     module imported there). Returns ``manager``.
     """
@@ -522,12 +521,13 @@ def wrap_teacher_manager(manager: Any, relax_guard: RelaxGuard | None = None) ->
     def wrap(fn: Callable[..., Any], before: bool) -> Callable[..., Any]:
         @functools.wraps(fn)
         def wrapped(*a: Any, **k: Any) -> Any:
+            out: list[Any] = []
+            call = lambda: out.append(fn(*a, **k))  # noqa: E731
             if before:
-                st().before_sleep()
-                return fn(*a, **k)
-            out = fn(*a, **k)
-            st().after_wake()
-            return out
+                st().sleep(call)
+            else:
+                st().wake(call)
+            return out[0] if out else None
 
         wrapped.__distill_guard__ = True  # type: ignore[attr-defined]
         return wrapped
@@ -710,22 +710,10 @@ def _teacher_from(args: Any) -> Any:
             url = urls[0]
     if not url or url.lower() == "none":
         return None
-    try:
-        from distill_guard.teachers import SGLangHTTPTeacher
-    except ImportError:
-        log.warning("distill_guard: the teachers layer is missing; detection only, no repair")
-        return None
+    from distill_guard.teachers import SGLangHTTPTeacher
+
     timeout = float(getattr(args, "opd_teacher_timeout_s", 30.0) or 30.0)
     return SGLangHTTPTeacher(url, timeout_s=timeout)
-
-
-def _default_canary() -> Any:
-    try:
-        from distill_guard.checks.canary import CanaryCheck
-    except ImportError:
-        log.warning("distill_guard: no canary check available; a repair cannot be verified")
-        return None
-    return CanaryCheck()
 
 
 def _load_function(path: str | None) -> Callable[..., Any] | None:

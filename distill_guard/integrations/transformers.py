@@ -27,19 +27,12 @@ from typing import Any
 import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
+from distill_guard.config import GuardSpec, build_guard
 from distill_guard.consensus import attach
-from distill_guard.integrations.plain import GuardLike, StepGuard, map_metrics, resolve_guard
-from distill_guard.observations import Metric
+from distill_guard.integrations.plain import StepGuard
+from distill_guard.metric_names import HF_METRIC_NAMES, pick_metrics
 
 log = logging.getLogger("distill_guard")
-
-HF_METRIC_KEYS: dict[str, str] = {
-    Metric.LOSS: "loss",
-    Metric.STUDENT_ENTROPY: "entropy",
-    Metric.EVAL_ACCURACY: "eval_accuracy",
-}
-"""Default ``{role: logs key}``: the Trainer's ``loss``, TRL's ``entropy``, an ``eval_accuracy``
-from ``compute_metrics``. Override with ``metric_keys``."""
 
 GUARD_STATE_FILE = "distill_guard_state.pt"
 """Name of the guard's state in each checkpoint directory (``torch.load`` it, then
@@ -53,7 +46,7 @@ class DistillGuardCallback(TrainerCallback):
         guard: a guard, a preset name (``default``/``monitor_only``/``strict``), or a guard
             config node; None composes ``default``.
         guard_overrides: Hydra overrides for a preset or config, e.g. ``["run.vocab_size=151936"]``.
-        metric_keys: ``{role: logs key}``; :data:`HF_METRIC_KEYS` by default.
+        metric_keys: ``{role: logs key}``; :data:`HF_METRIC_NAMES` by default.
         top_k: teacher top-k kept per position when reducing in-process teacher logits.
         save_on_halt: request a checkpoint before stopping on a halt.
         consensus_timeout_s: per-hook timeout of the all-rank agreement under ``torch.distributed``.
@@ -62,7 +55,7 @@ class DistillGuardCallback(TrainerCallback):
 
     def __init__(
         self,
-        guard: GuardLike = None,
+        guard: GuardSpec = None,
         *,
         guard_overrides: Sequence[str] = (),
         metric_keys: Mapping[str, str] | None = None,
@@ -71,9 +64,9 @@ class DistillGuardCallback(TrainerCallback):
         consensus_timeout_s: float = 60.0,
         save_guard_state: bool = True,
     ) -> None:
-        self.step_guard = StepGuard(resolve_guard(guard, guard_overrides), top_k=top_k)
+        self.step_guard = StepGuard(build_guard(guard, guard_overrides), top_k=top_k)
         self.step_guard.collecting = False
-        self.metric_keys = dict(HF_METRIC_KEYS if metric_keys is None else metric_keys)
+        self.metric_keys = dict(HF_METRIC_NAMES if metric_keys is None else metric_keys)
         self.save_on_halt = save_on_halt
         self.consensus_timeout_s = consensus_timeout_s
         self.save_guard_state = save_guard_state
@@ -162,7 +155,7 @@ class DistillGuardCallback(TrainerCallback):
         logs: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        metrics = map_metrics(logs or {}, self.metric_keys)
+        metrics = pick_metrics(logs or {}, self.metric_keys)
         if not metrics:  # logs are identical on every rank, so every rank skips alike
             return
         self.step_guard.after_update(max(state.global_step - 1, 0), metrics)
@@ -209,7 +202,7 @@ def find_guard_callback(trainer: Any) -> DistillGuardCallback | None:
 
 def guard_trainer(
     trainer: Any,
-    guard: GuardLike = None,
+    guard: GuardSpec = None,
     *,
     teacher: torch.nn.Module | None = None,
     teacher_attr: str = "teacher_model",

@@ -1,4 +1,12 @@
-"""Teachers the guard can talk to: SGLang over HTTP, an in-process sglang.Engine, a torch model."""
+"""Teachers the guard can talk to: SGLang over HTTP, an in-process ``sglang.Engine``, a torch model.
+
+The protocol, its result and error types come from :mod:`.base` (torch only). Each backend is
+imported when first named, so ``import distill_guard.teachers`` pulls in neither httpx nor
+transformers nor sglang.
+"""
+
+from importlib import import_module
+from typing import Any
 
 from distill_guard.teachers.base import (
     ALL_TAGS,
@@ -10,10 +18,14 @@ from distill_guard.teachers.base import (
     TeacherStateError,
     TeacherUnreachable,
     TrackedTeacher,
+    read_vocab_size,
 )
-from distill_guard.teachers.sglang_engine import SGLangEngineTeacher
-from distill_guard.teachers.sglang_http import SGLangHTTPTeacher
-from distill_guard.teachers.torch_teacher import TorchTeacher, read_vocab_size
+
+_BACKENDS = {
+    "SGLangEngineTeacher": "distill_guard.teachers.sglang_engine",
+    "SGLangHTTPTeacher": "distill_guard.teachers.sglang_http",
+    "TorchTeacher": "distill_guard.teachers.torch_teacher",
+}
 
 __all__ = [
     "ALL_TAGS",
@@ -30,3 +42,9 @@ __all__ = [
     "TrackedTeacher",
     "read_vocab_size",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _BACKENDS:
+        return getattr(import_module(_BACKENDS[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,7 +1,7 @@
 """SGLang's native ``/generate`` scoring shapes, both ways: build requests, read and write responses.
 
 One module so the HTTP client, the ``sglang.Engine`` adapter and the reference server agree to the
-field (see ``reference/sglang-contract.md`` §1): entry 0 of ``input_token_logprobs`` is
+field (see ``docs/sglang-contract.md`` §1): entry 0 of ``input_token_logprobs`` is
 ``[null, id, null]`` and ``input_top_logprobs[0]`` is ``null``.
 """
 

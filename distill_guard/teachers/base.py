@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -117,6 +119,14 @@ class Teacher(Protocol):
     @property
     def asleep(self) -> bool:
         """True while any tag is released (tracked by the guard, not asked of the server)."""
+        ...
+
+    def mark_released(self, tags: Sequence[str] | None = None) -> None:
+        """Record a release done by someone else (a framework's own offload)."""
+        ...
+
+    def mark_resumed(self, tags: Sequence[str] | None = None) -> None:
+        """Record a resume done by someone else (a framework's own onload)."""
         ...
 
 
@@ -255,6 +265,12 @@ class TrackedTeacher:
         self._resume(eff)
         self.sleep_state.mark_resumed(eff)
 
+    def mark_released(self, tags: Sequence[str] | None = None) -> None:
+        self.sleep_state.mark_released(tags)
+
+    def mark_resumed(self, tags: Sequence[str] | None = None) -> None:
+        self.sleep_state.mark_resumed(tags)
+
     def _score(self, sequences: list[list[int]], top_k: int, logprob_start_len: int) -> ScoreResult:
         raise NotImplementedError
 
@@ -263,3 +279,16 @@ class TrackedTeacher:
 
     def _resume(self, tags: tuple[str, ...]) -> None:
         raise NotImplementedError
+
+
+def read_vocab_size(model_path: str | Path | None) -> int | None:
+    """``vocab_size`` from ``config.json`` at a local model path, or None if it cannot be read."""
+    if not model_path:
+        return None
+    cfg = Path(model_path) / "config.json"
+    try:
+        data = json.loads(cfg.read_text())
+    except (OSError, ValueError):
+        return None
+    v = data.get("vocab_size") or (data.get("text_config") or {}).get("vocab_size")
+    return int(v) if v else None

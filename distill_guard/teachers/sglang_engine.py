@@ -5,8 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from distill_guard.teachers._sglang_wire import parse_score_response
-from distill_guard.teachers.base import ScoreResult, TeacherError, TrackedTeacher
-from distill_guard.teachers.torch_teacher import read_vocab_size
+from distill_guard.teachers.base import (
+    ScoreResult,
+    TeacherError,
+    TrackedTeacher,
+    read_vocab_size,
+)
 
 
 def _check_result(result: Any, what: str) -> None:

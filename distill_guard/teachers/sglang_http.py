@@ -17,8 +17,8 @@ from distill_guard.teachers.base import (
     TeacherHTTPError,
     TeacherUnreachable,
     TrackedTeacher,
+    read_vocab_size,
 )
-from distill_guard.teachers.torch_teacher import read_vocab_size
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,6 @@ default, or garbage), like fresh physical pages mapped at the same virtual addre
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,6 +18,7 @@ from typing import Any, Literal
 
 import torch
 
+from distill_guard import __version__
 from distill_guard.teachers.base import ScoreResult, TeacherError, TeacherStateError, TrackedTeacher
 
 Fault = Literal["zeros", "garbage"]
@@ -297,7 +297,7 @@ class TorchTeacher(TrackedTeacher):
             "device": str(self.device),
             "vocab_size": self.vocab_size,
             "torch_memory_saver": self.uses_torch_memory_saver,
-            "version": f"distill_guard-torch-teacher {package_version()} (not SGLang)",
+            "version": f"distill_guard-torch-teacher {__version__} (not SGLang)",
         }
 
 
@@ -311,25 +311,3 @@ def _load_safetensors_dir(path: Path) -> dict[str, torch.Tensor]:
     for f in files:
         state.update(load_file(str(f)))
     return state
-
-
-def read_vocab_size(model_path: str | Path | None) -> int | None:
-    """``vocab_size`` from ``config.json`` at a local model path, or None if it cannot be read."""
-    if not model_path:
-        return None
-    cfg = Path(model_path) / "config.json"
-    try:
-        data = json.loads(cfg.read_text())
-    except (OSError, ValueError):
-        return None
-    v = data.get("vocab_size") or (data.get("text_config") or {}).get("vocab_size")
-    return int(v) if v else None
-
-
-def package_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("distill_guard")
-    except Exception:  # not installed (run from a checkout)
-        return "0.1.0"

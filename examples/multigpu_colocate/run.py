@@ -54,8 +54,8 @@ EMBED_STD = 0.6
 STUDENT_NOISE = 0.3
 """The student is the teacher plus this much relative noise: a healthy JSD sits far below ln 2."""
 STAGES = ("wake", "scores", "metrics")
-"""The guard's decision points in a step, in order (after_wake, on_teacher_scores, on_step_metrics)."""
-HOOKS = ("after_wake", "on_teacher_scores", "on_step_metrics", "before_sleep")
+"""The guard's decision points in a step, in order (wake, on_teacher_scores, on_step_metrics)."""
+HOOKS = ("wake", "on_teacher_scores", "on_step_metrics", "sleep")
 
 
 # ---------------------------------------------------------------------------------- options
@@ -230,7 +230,7 @@ def build_checkpoints(root: Path, vocab_size: int, seed: int) -> None:
     """A tiny Qwen3 teacher on disk (its repairs reload it) and a student near it."""
     from transformers import Qwen3ForCausalLM
 
-    from distill_guard.teachers.tiny import build_tiny_qwen3
+    from distill_guard.testing.tiny import build_tiny_qwen3
 
     teacher_dir = build_tiny_qwen3(
         root / "teacher", vocab_size=vocab_size, seed=seed, embed_std=EMBED_STD
@@ -333,8 +333,9 @@ class ColocatedRank:
     def run(self) -> dict[str, Any]:
         """All steps (or up to the halt); the per-rank summary, also written as rank<r>.json."""
         if self.guard is not None:
-            self.guard.before_sleep(-1)  # the launch sleep: the trainer takes the memory first
-        self.teacher.release()
+            self.guard.sleep(-1)  # the launch sleep: the trainer takes the memory first
+        else:
+            self.teacher.release()
         records = []
         for step in range(self.args.steps):
             rec = self.step(step)
@@ -352,10 +353,10 @@ class ColocatedRank:
         rec = StepRecord(step)
         t0 = time.perf_counter()
         try:
-            self.teacher.resume()
-            repairs = self.guard.summary.repairs if self.guard is not None else 0
-            self.ask(rec, "wake", "after_wake", step)
-            rec.repaired = self.guard is not None and self.guard.summary.repairs > repairs
+            if self.guard is None:
+                self.teacher.resume()
+            woke = self.ask(rec, "wake", "wake", step)
+            rec.repaired = woke is not None and woke.repaired
             ids = self.sample(step)
             topk_lp, topk_ids, token_lp = self.score(ids)
             d = self.ask(
@@ -369,8 +370,9 @@ class ColocatedRank:
             train = d is None or not d.acts  # skip_batch / rewake: not on these scores
             metrics = self.learn(rec, ids, topk_lp, topk_ids) if train else {}
             self.ask(rec, "metrics", "on_step_metrics", step, metrics)
-            self.ask(rec, None, "before_sleep", step)
-            self.teacher.release()
+            if self.guard is None:
+                self.teacher.release()
+            self.ask(rec, None, "sleep", step)
         except Halted as h:
             rec.halt = h.stage
         if self.place.device.type == "cuda":
@@ -388,11 +390,10 @@ class ColocatedRank:
         t0 = time.perf_counter()
         decision = getattr(self.guard, hook)(*args, **kwargs)
         rec.guard_seconds[hook] = time.perf_counter() - t0
-        if stage is None:
-            return None
-        rec.actions[stage] = decision.action.value
+        if stage is not None:
+            rec.actions[stage] = decision.action.value
         if decision.action is Action.HALT:
-            raise Halted(stage)
+            raise Halted(stage or hook)
         return decision
 
     def sample(self, step: int) -> torch.Tensor:
@@ -457,7 +458,7 @@ class ColocatedRank:
         return path
 
     def summary(self, records: list[StepRecord]) -> dict[str, Any]:
-        halt = self.guard.summary.halt if self.guard is not None else None
+        halt = self.guard.halt if self.guard is not None else None
         return {
             "mode": self.mode,
             "rank": self.place.rank,
@@ -465,9 +466,9 @@ class ColocatedRank:
             "teacher_cpu_backup": self.backup,
             "torch_memory_saver": self.teacher.uses_torch_memory_saver,
             "steps": [asdict(r) for r in records],
-            "repairs": self.guard.summary.repairs if self.guard is not None else 0,
-            "halted_step": halt["step"] if halt else None,
-            "halt_reason": halt["message"] if halt else None,
+            "repairs": self.guard.repairs if self.guard is not None else 0,
+            "halted_step": halt.step if halt else None,
+            "halt_reason": halt.message if halt else None,
             "checkpoint": str(self.checkpoint) if self.checkpoint else None,
             "events": str(self.guard.events.path) if self.guard is not None else None,
             "student_sha256": params_sha256(self.student.module),

@@ -19,7 +19,7 @@ RELAX_TRAIN=${RELAX_TRAIN:-train.py}
 
 # Relax's launcher passes --teacher-sglang-enable-weights-cpu-backup: the workaround. With
 # TEACHER_CPU_BACKUP=0 the teacher wakes with zeroed weights every step (the failure of
-# DESIGN.md §1) and the guard repairs it and keeps the poisoned samples out of the loss.
+# docs/invariants.md §1) and the guard repairs it and keeps the poisoned samples out of the loss.
 TEACHER_CPU_BACKUP=${TEACHER_CPU_BACKUP:-1}
 
 # ---- distill_guard -------------------------------------------------------------------------

@@ -46,7 +46,7 @@ def open_teacher(cfg: DictConfig, teacher_dir: Path, backup: bool) -> Iterator[T
             teacher_dir, enable_cpu_backup=backup, fault=cfg.teacher.fault
         )
     elif kind == "reference_server":
-        from distill_guard.teachers.testing import reference_teacher
+        from distill_guard.testing.servers import reference_teacher
 
         with reference_teacher(teacher_dir, enable_cpu_backup=backup, fault=cfg.teacher.fault) as (
             url,

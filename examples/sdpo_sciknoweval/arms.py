@@ -6,10 +6,11 @@
 - ``guarded``: no backup, the guard acts (``default`` preset): the canary after each wake sees the
   dead teacher and the guard reloads and verifies it before it scores anything.
 
-The loop is the one a colocated trainer runs (DESIGN.md §3)::
+The loop is the one a colocated trainer runs (``docs/architecture.md``); the guard owns the
+teacher's sleep and wake::
 
-    resume → after_wake (canary) → score → on_teacher_scores → update → on_step_metrics
-           → before_sleep (fingerprint) → release
+    guard.wake (resume, canary, repair) → score → on_teacher_scores → update → on_step_metrics
+    → guard.sleep (fingerprint, release)
 """
 
 from __future__ import annotations
@@ -113,8 +114,7 @@ def run_guarded_arm(
 
     def wake(step: int) -> None:
         nonlocal dead_when_scored
-        teacher.resume()
-        guard.after_wake(step)
+        guard.wake(step)
         note()
         dead_when_scored = teacher_is_dead(teacher)
 
@@ -132,20 +132,18 @@ def run_guarded_arm(
         return apply
 
     def sleep(step: int) -> None:
-        guard.before_sleep(step)
-        teacher.release()
+        guard.sleep(step)
 
     def on_step(record: dict) -> None:
         if "loss" in record:
             metrics = {role: record.get(role) for role in Metric.ALL}
             record["guard_action"] = guard.on_step_metrics(record["step"], metrics).action.value
-        record["repairs"] = guard.summary.repairs
+        record["repairs"] = guard.repairs
         trace.records.append(record)
         on_record(record)
         note()
 
-    guard.before_sleep(-1)  # the launch sleep: the trainer takes the memory first
-    teacher.release()
+    guard.sleep(-1)  # the launch sleep: the trainer takes the memory first
     try:
         run_arm(student, tokenizer, train, eval_items, score, cfg, wake, on_step, check, sleep)
     except _Halted:

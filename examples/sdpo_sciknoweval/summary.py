@@ -37,7 +37,7 @@ def _fmt(x: Any, spec: str = ".3f") -> str:
 
 
 def format_table(arms: dict[str, dict[str, Any]]) -> str:
-    """The demo's verdict, shaped like DESIGN.md §1's table of the real runs."""
+    """The demo's verdict, shaped like the table of the real runs in ``docs/invariants.md`` §1.5."""
     head = (
         f"{'arm':<10} {'backup':<6} {'guard':<12} {'step-0 loss':>11} {'entropy':>15} "
         f"{'end loss':>9} {'eval accuracy':>15} {'uniform':>8} {'first finding':<24} "

@@ -65,7 +65,7 @@ def test_a_rise_is_a_warning_within_a_bounded_number_of_steps(seed, shift_sigma)
 
 
 def test_failed_runs_rise_is_caught_before_the_limits():
-    """0.41 → 3.56 over ~190 steps (DESIGN.md §1): the drift warning comes first."""
+    """0.41 → 3.56 over ~190 steps (docs/invariants.md §1.5): the drift warning comes first."""
     check = EntropyDriftCheck()
     warm = noise(0, check.warmup_steps, 0.41, 0.015)
     ramp = [0.41 + (3.56 - 0.41) * (t / 150) for t in range(150)]

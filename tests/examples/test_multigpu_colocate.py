@@ -71,7 +71,7 @@ def test_halt_policy_halts_both_ranks_at_the_same_step_with_a_checkpoint(tmp_pat
     assert saved["step"] == 0 and saved["student"]
     for r in (r0, r1):
         (halt,) = [e for e in _events(r) if e["kind"] == "halt"]
-        assert halt["step"] == 0 and halt["stage"] == "after_wake"
+        assert halt["step"] == 0 and halt["stage"] == "wake"
         assert Code.TEACHER_UNIFORM in halt["message"]
     assert r0["halt_reason"].startswith("rank 1: halt")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from distill_guard.teachers.tiny import QWEN3_VOCAB, build_tiny_qwen3
+from distill_guard.testing.tiny import QWEN3_VOCAB, build_tiny_qwen3
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,4 +1,4 @@
-"""TorchTeacher in a real torch_memory_saver region on CUDA, V = 151936 (DESIGN.md §1).
+"""TorchTeacher in a real torch_memory_saver region on CUDA, V = 151936 (docs/invariants.md §1.2).
 
 Without backup a real pause/resume must leave the teacher uniform and the canary must say so;
 the repair reloads in place and the canary passes again. With backup, five cycles are bit-exact.
@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from distill_guard import Action, DistillGuard
-from distill_guard.checks.canary import CanaryCheck
 from distill_guard.findings import Code
-from distill_guard.repair import repair_teacher
+from distill_guard.live.canary import Canary
+from distill_guard.live.repair import repair_teacher
 from distill_guard.teachers import TorchTeacher
-from distill_guard.teachers.tiny import QWEN3_VOCAB
+from distill_guard.testing.tiny import QWEN3_VOCAB
 
 
 @pytest.fixture
@@ -40,14 +40,14 @@ def teacher_factory(qwen_vocab_dir):
 def test_no_backup_wakes_uniform_and_the_repair_brings_it_back_in_place(teacher_factory):
     t = teacher_factory(backup=False)
     assert t.uses_torch_memory_saver
-    canary = CanaryCheck(deterministic=True)
+    canary = Canary(deterministic=True)
     reference = canary.fingerprint(t)
     ptrs = {n: p.data_ptr() for n, p in t.model.named_parameters()}
     free_before = torch.cuda.mem_get_info()[0]
     t.release()
     assert torch.cuda.mem_get_info()[0] > free_before  # the region's pages were given back
     t.resume()
-    # what DESIGN.md measured: every weight exactly zero, buffers restored SGLang-style
+    # what docs/invariants.md §1.2 records: every weight exactly zero, buffers restored SGLang-style
     assert all(float(p.abs().max()) == 0.0 for p in t.model.parameters())
     assert float(t.model.model.rotary_emb.inv_freq.abs().max()) > 0
     findings = canary.verify(t)
@@ -71,7 +71,7 @@ def test_no_backup_wakes_uniform_and_the_repair_brings_it_back_in_place(teacher_
 
 def test_backup_passes_five_cycles_bit_exactly(teacher_factory):
     t = teacher_factory(backup=True)
-    canary = CanaryCheck(deterministic=True)
+    canary = Canary(deterministic=True)
     first = canary.fingerprint(t)
     for _ in range(5):
         t.release()
@@ -86,14 +86,13 @@ def test_guard_repairs_the_real_region_at_every_wake(teacher_factory, tmp_path):
     t = teacher_factory(backup=False)
     guard = DistillGuard(
         teacher=t,
-        canary=CanaryCheck(deterministic=True),
+        canary=Canary(deterministic=True),
         repair_backoff_s=0.1,
         events=tmp_path / "events.jsonl",
     )
     for step in range(3):
-        guard.before_sleep(step)
-        t.release()
-        t.resume()
-        assert guard.after_wake(step).action is Action.REWAKE
-    assert guard.summary.repairs == 3 and not guard.halted
+        guard.sleep(step)
+        decision = guard.wake(step)
+        assert decision.action is Action.REWAKE and decision.repaired
+    assert guard.repairs == 3 and not guard.halted
     assert guard.summary.first[Code.TEACHER_UNIFORM] == 0

@@ -14,7 +14,7 @@ VOCAB = 128
 
 def tiny_qwen3(seed: int = 0, vocab: int = VOCAB, embed_std: float = 0.3) -> torch.nn.Module:
     """A 2-layer Qwen3 built from a config (no download), peaked like a trained teacher."""
-    from distill_guard.teachers.tiny import tiny_qwen3 as build
+    from distill_guard.testing.tiny import tiny_qwen3 as build
 
     return build(vocab_size=vocab, seed=seed, embed_std=embed_std, max_positions=64)
 

@@ -96,7 +96,7 @@ def test_uniform_teacher_mid_run_is_caught_before_the_update_then_halts(tmp_path
     trainer, module, cb, killer, _, ev = fit(tmp_path, collapse_at=COLLAPSE_AT)
     assert killer.before is not None and same(killer.before, params(module.student))
     halt_step = COLLAPSE_AT + 2  # default policy: skip, skip, halt
-    assert cb.guard.summary.halt["step"] == halt_step
+    assert cb.guard.halt.step == halt_step
     assert trainer.global_step == halt_step + 1 < MAX_STEPS
     ckpt = tmp_path / "checkpoints" / f"distill_guard-halt-step={halt_step}.ckpt"
     assert cb.halt_checkpoint == str(ckpt) and ckpt.exists()
@@ -113,7 +113,7 @@ def test_halt_policy_stops_at_the_first_poisoned_step(tmp_path):
     trainer, module, cb, killer, _, _ = fit(
         tmp_path, collapse_at=COLLAPSE_AT, overrides=["policy.critical_action=HALT"]
     )
-    assert cb.guard.summary.halt["step"] == COLLAPSE_AT
+    assert cb.guard.halt.step == COLLAPSE_AT
     assert trainer.global_step == COLLAPSE_AT + 1
     assert same(killer.before, params(module.student))
 
@@ -148,7 +148,7 @@ class Report(pl.Callback):
         self.cb, self.out = cb, out
 
     def on_fit_end(self, trainer, pl_module):
-        rec = {"step": trainer.global_step, "halt": self.cb.guard.summary.halt}
+        rec = {"step": trainer.global_step, "halt": self.cb.guard.halt.to_dict()}
         (self.out / f"rank{trainer.global_rank}.json").write_text(json.dumps(rec))
 
 

@@ -13,11 +13,15 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
+from distill_guard.events import read_events
 from distill_guard.integrations import relax
+from distill_guard.live.canary import Canary
 from distill_guard.observations import LossKind
+from distill_guard.teachers import SGLangHTTPTeacher, TorchTeacher
+from distill_guard.testing.reference_server import ReferenceServer, serve_in_thread
+from distill_guard.testing.tiny import build_tiny_qwen3
 
-from ._standins import StandInCanary, StandInTeacher, install_standin_repair
-from ._tiny import VOCAB, events, tiny_qwen3
+from ._tiny import VOCAB, events
 
 PROMPT, RESPONSE = 6, 10
 UNIFORM = -math.log(VOCAB)
@@ -30,7 +34,7 @@ class Status(enum.Enum):
 
 @dataclass
 class Sample:
-    """The fields of Relax's Sample the guard reads (reference/relax-integration.md §1.2, §3)."""
+    """The fields of Relax's Sample the guard reads (docs/relax.md §1.2, §3)."""
 
     tokens: list[int]
     response_length: int
@@ -128,8 +132,32 @@ def test_hooks_have_relax_exact_signatures():
     assert getattr(importlib.import_module(mod), attr) is cls
 
 
-def test_healthy_step_adds_metrics_and_changes_nothing(tmp_path):
-    teacher = StandInTeacher(tiny_qwen3())
+@pytest.fixture(scope="module")
+def teacher_dir(tmp_path_factory):
+    """The tiny teacher on disk: what ``reload_weights`` reads back."""
+    return build_tiny_qwen3(
+        tmp_path_factory.mktemp("relax_teacher"), vocab_size=VOCAB, embed_std=0.3, max_positions=64
+    )
+
+
+@pytest.fixture
+def teacher(teacher_dir):
+    """A real TorchTeacher with the memory saver on and no weights CPU backup: each release and
+    resume leaves zeroed weights, and a reload from its checkpoint brings them back."""
+    return TorchTeacher.from_pretrained(teacher_dir, enable_cpu_backup=False)
+
+
+def lose_weights(teacher):
+    """The colocated sleep and wake without a backup, done outside the guard (by Relax)."""
+    teacher.release()
+    teacher.resume()
+
+
+def reloads(tmp_path):
+    return sum(e["kind"] == "repair.reload" for e in read_events(tmp_path / "events.jsonl"))
+
+
+def test_healthy_step_adds_metrics_and_changes_nothing(tmp_path, teacher):
     relax.configure(
         "default", guard_overrides=overrides(tmp_path), args=ARGS, teacher=teacher, repair=False
     )
@@ -173,8 +201,7 @@ def test_uniform_teacher_without_repair_masks_then_halts(tmp_path):
     assert len(halts) == 1 and halts[0]["step"] == 2
 
 
-def test_sdpo_topk_samples_use_the_sample_mask(tmp_path):
-    teacher = StandInTeacher(tiny_qwen3())
+def test_sdpo_topk_samples_use_the_sample_mask(tmp_path, teacher):
     args = Namespace(
         **{**vars(ARGS), "opd_token_selection": "student_topk", "opd_log_prob_top_k": 4}
     )
@@ -184,7 +211,7 @@ def test_sdpo_topk_samples_use_the_sample_mask(tmp_path):
     healthy = make_samples(teacher, cls=SDPOSample, top_k=4)
     assert relax.rollout_log_function(0, args, healthy, {}, 1.0) is False
     assert all(s.opd_sample_mask for s in healthy)
-    teacher.die()
+    lose_weights(teacher)
     dead = make_samples(teacher, cls=SDPOSample, top_k=4)
     metrics = {}
     relax.rollout_log_function(1, args, dead, metrics, 1.0)
@@ -192,9 +219,7 @@ def test_sdpo_topk_samples_use_the_sample_mask(tmp_path):
     assert all(s.loss_mask == [1] * RESPONSE for s in dead)  # the PG loss is left alone
 
 
-def test_repair_and_rescore_in_place_with_standins(tmp_path, monkeypatch):
-    install_standin_repair(monkeypatch)
-    teacher = StandInTeacher(tiny_qwen3())
+def test_repair_and_rescore_in_place(tmp_path, teacher):
     healthy = make_samples(teacher)
     expected = [s.teacher_log_probs for s in healthy]
     st = relax.configure(
@@ -202,14 +227,14 @@ def test_repair_and_rescore_in_place_with_standins(tmp_path, monkeypatch):
         guard_overrides=overrides(tmp_path),
         args=ARGS,
         teacher=teacher,
-        canary=StandInCanary(),
+        canary=Canary(length=16),
     )
-    teacher.die()
+    lose_weights(teacher)
     dead = make_samples(teacher)  # scored by the dead teacher: all -ln V
     assert all(abs(v - UNIFORM) < 1e-5 for s in dead for v in s.teacher_log_probs)
     metrics = {}
     assert relax.rollout_log_function(0, ARGS, dead, metrics, 1.0) is False
-    assert teacher.reloads >= 1 and metrics["guard/repairs"] == 1
+    assert reloads(tmp_path) == 1 and metrics["guard/repairs"] == 1
     assert metrics["guard/rescored_samples"] == 4 and metrics["guard/masked_samples"] == 0
     for s, want in zip(dead, expected):
         assert s.teacher_log_probs == pytest.approx(want, abs=1e-5)
@@ -223,9 +248,7 @@ def test_repair_and_rescore_in_place_with_standins(tmp_path, monkeypatch):
     assert m2["guard/action"] == 0.0
 
 
-def test_student_topk_cannot_be_rescored_so_it_is_masked_after_repair(tmp_path, monkeypatch):
-    install_standin_repair(monkeypatch)
-    teacher = StandInTeacher(tiny_qwen3())
+def test_student_topk_cannot_be_rescored_so_it_is_masked_after_repair(tmp_path, teacher):
     args = Namespace(
         **{**vars(ARGS), "opd_token_selection": "student_topk", "opd_log_prob_top_k": 4}
     )
@@ -234,9 +257,9 @@ def test_student_topk_cannot_be_rescored_so_it_is_masked_after_repair(tmp_path, 
         guard_overrides=overrides(tmp_path),
         args=args,
         teacher=teacher,
-        canary=StandInCanary(),
+        canary=Canary(length=16),
     )
-    teacher.die()
+    lose_weights(teacher)
     dead = make_samples(teacher, cls=SDPOSample, top_k=4)
     metrics = {}
     relax.rollout_log_function(0, args, dead, metrics, 1.0)
@@ -244,35 +267,44 @@ def test_student_topk_cannot_be_rescored_so_it_is_masked_after_repair(tmp_path, 
     assert not any(s.opd_sample_mask for s in dead)
 
 
-def test_lifecycle_wrapper_fingerprints_before_sleep_and_repairs_after_wake(tmp_path, monkeypatch):
-    install_standin_repair(monkeypatch)
-    teacher = StandInTeacher(tiny_qwen3())
-    st = relax.configure(
-        "default",
-        guard_overrides=overrides(tmp_path),
-        args=ARGS,
-        teacher=teacher,
-        canary=StandInCanary(),
-    )
-    calls = []
+def test_lifecycle_wrapper_runs_relax_own_sleep_and_wake_inside_the_guards(tmp_path, teacher_dir):
+    """Relax's TeacherManager holds its own handle on the server and offloads and onloads it
+    itself: the wrapped calls become the guard's colocated step (fingerprint, offload; onload,
+    canary, repair), over real HTTP to a reference server without a weights backup."""
+    local = TorchTeacher.from_pretrained(teacher_dir, enable_cpu_backup=False)
+    with serve_in_thread(ReferenceServer(local)) as url:
+        guard_side, relax_side = SGLangHTTPTeacher(url), SGLangHTTPTeacher(url)
+        st = relax.configure(
+            "default",
+            guard_overrides=overrides(tmp_path),
+            args=ARGS,
+            teacher=guard_side,
+            canary=Canary(length=16),
+        )
+        calls = []
 
-    class Manager:  # Relax's TeacherManager: its own handle on the server, no CPU backup
-        def offload(self):
-            calls.append(("offload", teacher.asleep))
-            teacher.die()
+        class Manager:  # Relax's TeacherManager, reduced to its sleep and wake
+            def offload(self):
+                calls.append(("offload", guard_side.asleep))
+                relax_side.release()
+                return "offloaded"
 
-        def onload(self):
-            calls.append(("onload", teacher.asleep))
+            def onload(self):
+                calls.append(("onload", guard_side.asleep))
+                relax_side.resume()
 
-    m = relax.wrap_teacher_manager(Manager(), st)
-    assert relax.wrap_teacher_manager(m, st) is m  # idempotent
-    m.offload()
-    m.onload()
-    assert calls == [("offload", True), ("onload", True)]  # the guard tracked the sleep
-    assert not teacher.asleep and teacher.reloads == 1
-    # the canary's repair left a healthy teacher: a fresh scoring matches the fingerprint
-    assert st.guard.canary.verify(teacher) == []
-    assert not st.guard.halted
+        m = relax.wrap_teacher_manager(Manager(), st)
+        assert relax.wrap_teacher_manager(m, st) is m  # idempotent
+        assert m.offload() == "offloaded"  # the host's return value passes through
+        assert guard_side.asleep  # the guard's tracked state followed Relax's offload
+        m.onload()
+        assert calls == [("offload", False), ("onload", True)]
+        assert not guard_side.asleep and reloads(tmp_path) == 1
+        # the repair left a healthy teacher: a fresh scoring matches the fingerprint
+        assert st.guard.canary.verify(guard_side) == []
+        assert not st.guard.halted and st.guard.repairs == 1
+        guard_side.close()
+        relax_side.close()
 
 
 def test_eval_hook_feeds_accuracy(tmp_path):
@@ -342,24 +374,14 @@ def test_configuration_from_the_environment(tmp_path, monkeypatch):
     assert st.halt_marker == tmp_path / "ev.halt.json"
 
 
-def test_repair_and_rescore_against_the_reference_server(tmp_path, monkeypatch):
+def test_repair_and_rescore_against_the_reference_server(tmp_path):
     """The real path: an SGLang-protocol server whose teacher woke without its weights."""
-    ref = pytest.importorskip("distill_guard.teachers.reference_server")
-    from distill_guard.teachers import SGLangHTTPTeacher, TorchTeacher
-    from distill_guard.teachers.tiny import build_tiny_qwen3
-
-    try:
-        from distill_guard.checks.canary import CanaryCheck
-
-        canary = CanaryCheck(length=16)
-    except ImportError:
-        canary = StandInCanary()
-    install_standin_repair(monkeypatch)  # only where distill_guard.repair is absent
+    canary = Canary(length=16)
     model_dir = build_tiny_qwen3(tmp_path / "teacher", vocab_size=VOCAB)
     local = TorchTeacher.from_pretrained(
         model_dir, enable_memory_saver=True, enable_cpu_backup=False
     )
-    with ref.serve_in_thread(ref.ReferenceServer(local)) as url:
+    with serve_in_thread(ReferenceServer(local)) as url:
         guard_side = SGLangHTTPTeacher(url, timeout_s=10)
         relax_side = SGLangHTTPTeacher(url, timeout_s=10)  # Relax's TeacherManager's own handle
         expected = [s.teacher_log_probs for s in make_samples(guard_side)]
@@ -402,18 +424,16 @@ def test_a_malformed_sample_never_crashes_the_rollout(tmp_path):
     )
 
 
-def test_opsd_teacher_prompt_is_not_guessed_from_the_student_tokens(tmp_path, monkeypatch):
-    install_standin_repair(monkeypatch)
-    teacher = StandInTeacher(tiny_qwen3())
+def test_opsd_teacher_prompt_is_not_guessed_from_the_student_tokens(tmp_path, teacher):
     args = Namespace(**{**vars(ARGS), "opd_teacher_prompt_key": "teacher_prompt"})
     relax.configure(
         "default",
         guard_overrides=overrides(tmp_path),
         args=args,
         teacher=teacher,
-        canary=StandInCanary(),
+        canary=Canary(length=16),
     )
-    teacher.die()
+    lose_weights(teacher)
     dead = make_samples(teacher)
     metrics = {}
     relax.rollout_log_function(0, args, dead, metrics, 1.0)

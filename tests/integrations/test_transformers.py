@@ -115,7 +115,7 @@ def test_uniform_teacher_mid_run_is_caught_before_the_update_then_halts(tmp_path
     assert rec.before is not None and same(rec.before, params(trainer.model))
     # default policy: a rewake it cannot carry out skips; 3 consecutive critical steps halt
     halt_step = COLLAPSE_AT + 2
-    assert cb.guard.halted and cb.guard.summary.halt["step"] == halt_step
+    assert cb.guard.halted and cb.guard.halt.step == halt_step
     assert trainer.state.global_step == halt_step + 1 < MAX_STEPS  # stopped early
     assert cb.step_guard.skipped_updates == 3
     # the checkpoint exists, with the guard's state in it
@@ -181,7 +181,7 @@ def test_guard_trainer_watches_the_teacher_without_the_mixin(tmp_path):
     )
     before = params(student)
     trainer.train()
-    assert cb.guard.halted and cb.guard.summary.halt["step"] == 0
+    assert cb.guard.halted and cb.guard.halt.step == 0
     assert same(before, params(trainer.model))
     assert trainer.state.global_step == 1
     assert (tmp_path / "out" / "checkpoint-1").exists()
@@ -204,4 +204,4 @@ def test_on_log_maps_keys_to_roles_and_halts_on_metrics(tmp_path):
         cb.on_log(args, state, control, logs={"loss": 0.69, "ent": 0.4, "epoch": 0.1})
     assert {f.code for f in seen} == {"loss.jsd_ceiling"} and seen[0].step == 0
     assert control.should_training_stop and control.should_save
-    assert cb.guard.summary.halt["step"] == 2
+    assert cb.guard.halt.step == 2

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import save_file
 
 from distill_guard.teachers import TeacherError, TeacherStateError, TorchTeacher
-from distill_guard.teachers.tiny import QWEN3_VOCAB
+from distill_guard.testing.tiny import QWEN3_VOCAB
 
 SEQS = [list(range(3, 40)), [7, 1, 9, 200, 11, 5, 5, 5, 5], list(range(100, 137))]
 

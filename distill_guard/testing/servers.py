@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from distill_guard.teachers.reference_server import ReferenceServer, serve_in_thread
 from distill_guard.teachers.torch_teacher import TorchTeacher
+from distill_guard.testing.reference_server import ReferenceServer, serve_in_thread
 
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,7 +50,7 @@ def reference_subprocess(
     import httpx
 
     port = free_port()
-    cmd = [sys.executable, "-m", "distill_guard.cli_live", "serve-reference"]
+    cmd = [sys.executable, "-m", "distill_guard.cli", "serve-reference"]
     cmd += ["--model", str(model_dir), "--port", str(port), *extra]
     proc = subprocess.Popen(cmd, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from distill_guard.findings import Code, Severity
-from distill_guard.preflight import parse_launch_command, preflight_server_args
+from distill_guard.live.preflight import parse_launch_command, preflight_server_args
 
 
 def codes(findings) -> dict[str, Severity]:
@@ -122,9 +122,9 @@ def test_relax_deterministic_flag_and_fsdp_target() -> None:
 def test_preflight_of_a_live_teacher(tmp_path) -> None:
     import torch
 
-    from distill_guard.preflight import preflight_teacher
+    from distill_guard.live.preflight import preflight_teacher
     from distill_guard.teachers import TorchTeacher
-    from distill_guard.teachers.tiny import build_tiny_qwen3
+    from distill_guard.testing.tiny import build_tiny_qwen3
 
     torch.set_num_threads(1)
     d = build_tiny_qwen3(tmp_path, vocab_size=64)

@@ -1,4 +1,4 @@
-"""Seeded metric histories shaped like the runs of DESIGN.md §1, under Relax's metric names.
+"""Seeded metric histories shaped like the runs of ``docs/invariants.md`` §1.5, under Relax's metric names.
 
 For the demo, the docs and tests: a way to see what the guard says about a run without a run.
 """

@@ -1,4 +1,4 @@
-"""CanaryCheck: catches a teacher that woke uniform or with garbage, and nothing healthy."""
+"""Canary: catches a teacher that woke uniform or with garbage, and nothing healthy."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 import torch
 
-from distill_guard.checks.canary import CanaryCheck, teacher_error_finding
 from distill_guard.findings import Code, Severity
+from distill_guard.live.canary import Canary, teacher_error_finding
 from distill_guard.teachers import ScoreResult, SGLangHTTPTeacher, TeacherUnreachable, TorchTeacher
-from distill_guard.teachers.testing import reference_teacher
-from distill_guard.teachers.tiny import build_tiny_qwen3
+from distill_guard.testing.servers import reference_teacher
+from distill_guard.testing.tiny import build_tiny_qwen3
 
 # Tiny models on 2 busy cores: thread wake-ups cost more than the math (~20 ms per linear).
 torch.set_num_threads(1)
@@ -65,7 +65,7 @@ def cycle(t: Any) -> None:
 )
 def test_catches_both_fault_modes_after_one_wake(tiny_dir, fault, code) -> None:
     t = TorchTeacher.from_pretrained(tiny_dir, fault=fault)
-    canary = CanaryCheck()
+    canary = Canary()
     canary.fingerprint(t, step=3)
     cycle(t)
     findings = canary.verify(t, step=4)
@@ -88,7 +88,7 @@ def test_five_clean_cycles_with_backup_pass(tiny_dir, over_http) -> None:
             t = stack.enter_context(SGLangHTTPTeacher(url))
         else:
             t = TorchTeacher.from_pretrained(tiny_dir, enable_cpu_backup=True)
-        canary = CanaryCheck(deterministic=True)  # CPU is bit-exact: hold it to exactness
+        canary = Canary(deterministic=True)  # CPU is bit-exact: hold it to exactness
         for step in range(5):
             canary.fingerprint(t, step)
             cycle(t)
@@ -99,38 +99,38 @@ def test_five_clean_cycles_with_backup_pass(tiny_dir, over_http) -> None:
 
 def test_healthy_teacher_with_repeated_token_logprobs_is_not_uniform(tiny_dir) -> None:
     t = TorchTeacher.from_pretrained(tiny_dir, enable_cpu_backup=True)
-    canary = CanaryCheck(tokens=[7] * 40)  # one token repeated: later positions repeat values
+    canary = Canary(tokens=[7] * 40)  # one token repeated: later positions repeat values
     fp = canary.fingerprint(t)
     assert len(set(round(v, 4) for v in fp.token_logprobs[10:])) <= 3
     cycle(t)
     assert canary.verify(t) == []
     # a confident teacher repeating one value exactly, with a peaked top-k, is not uniform either
     fake = FakeTeacher(-0.25, [[-0.25, -3.0, -4.0]] * 63)
-    assert CanaryCheck(top_k=3).verify(fake) == []
+    assert Canary(top_k=3).verify(fake) == []
 
 
 def test_flat_rows_are_not_uniform_unless_they_sit_at_minus_ln_v() -> None:
     flat = [[-2.0] * 4] * 63  # flat, but −2 ≠ −ln 1000
-    assert CanaryCheck(top_k=4).verify(FakeTeacher(-2.0, flat, vocab=1000)) == []
+    assert Canary(top_k=4).verify(FakeTeacher(-2.0, flat, vocab=1000)) == []
     u = -math.log(1000)
-    got = CanaryCheck(top_k=4).verify(FakeTeacher(u, [[u] * 4] * 63, vocab=1000))
+    got = Canary(top_k=4).verify(FakeTeacher(u, [[u] * 4] * 63, vocab=1000))
     assert [f.code for f in got] == [Code.TEACHER_UNIFORM]
 
 
 def test_unknown_vocab_is_inferred_from_a_uniform_response() -> None:
     u = -math.log(151936)
-    canary = CanaryCheck(top_k=16)
+    canary = Canary(top_k=16)
     got = canary.verify(FakeTeacher(u, [[u] * 16] * 63, vocab=None))
     assert [f.code for f in got] == [Code.TEACHER_UNIFORM]
     assert got[0].values["vocab_inferred"] and got[0].values["vocab_size"] == 151936
     assert "inferred from the response" in got[0].message
     # without top-k or V there is no proof: a flat token list alone is not called uniform
-    assert CanaryCheck(top_k=0).verify(FakeTeacher(u, None, vocab=None)) == []
+    assert Canary(top_k=0).verify(FakeTeacher(u, None, vocab=None)) == []
 
 
 def test_nonfinite_logprobs_are_their_own_finding() -> None:
     tok = [float("nan")] + [-1.0] * 62
-    got = CanaryCheck(top_k=2).verify(FakeTeacher(tok, [[-1.0, -2.0]] * 63))
+    got = Canary(top_k=2).verify(FakeTeacher(tok, [[-1.0, -2.0]] * 63))
     assert [f.code for f in got] == [Code.TEACHER_NONFINITE]
     assert got[0].values["nonfinite"] == 1 and "1 of 189" in got[0].message
 
@@ -139,23 +139,23 @@ def test_tolerances_noise_passes_without_determinism_and_fails_with_it() -> None
     base = [-1.0 - 0.01 * i for i in range(63)]
     noisy = [v + 0.05 for v in base]
     top = [[-0.5, -2.0]] * 63
-    loose = CanaryCheck(top_k=2)
+    loose = Canary(top_k=2)
     loose.fingerprint(FakeTeacher(base, top, info={"enable_deterministic_inference": False}))
     assert loose.verify(FakeTeacher(noisy, top)) == []
-    exact = CanaryCheck(top_k=2)
+    exact = Canary(top_k=2)
     exact.fingerprint(FakeTeacher(base, top, info={"enable_deterministic_inference": True}))
     got = exact.verify(FakeTeacher(noisy, top))
     assert [f.code for f in got] == [Code.TEACHER_FINGERPRINT_MISMATCH]
     assert got[0].values["deterministic"] and "deterministic inference" in got[0].message
-    assert CanaryCheck(top_k=2, tolerance_mean=0.01).judge  # configurable
-    strict = CanaryCheck(top_k=2, tolerance_mean=0.01)
+    assert Canary(top_k=2, tolerance_mean=0.01).judge  # configurable
+    strict = Canary(top_k=2, tolerance_mean=0.01)
     strict.fingerprint(FakeTeacher(base, top))
     assert strict.verify(FakeTeacher(noisy, top))[0].values["tolerance_mean"] == 0.01
 
 
 def test_ema_teacher_is_compared_across_the_sleep_boundary_only(tiny_dir) -> None:
     t = TorchTeacher.from_pretrained(tiny_dir, enable_cpu_backup=True)
-    canary = CanaryCheck(deterministic=True)
+    canary = Canary(deterministic=True)
     for step in range(3):
         with torch.no_grad():  # an EMA update moves the weights between steps
             for p in t.model.parameters():
@@ -167,7 +167,7 @@ def test_ema_teacher_is_compared_across_the_sleep_boundary_only(tiny_dir) -> Non
 
 def test_partial_damage_that_is_not_uniform_is_caught(tiny_dir) -> None:
     t = TorchTeacher.from_pretrained(tiny_dir, snapshot_buffers=False)  # RoPE buffers lost too
-    canary = CanaryCheck(deterministic=True)
+    canary = Canary(deterministic=True)
     canary.fingerprint(t)
     cycle(t)
     t.reload_weights()
@@ -178,9 +178,9 @@ def test_partial_damage_that_is_not_uniform_is_caught(tiny_dir) -> None:
 
 def test_state_dict_round_trip_keeps_tokens_and_fingerprint(tiny_dir) -> None:
     t = TorchTeacher.from_pretrained(tiny_dir)
-    a = CanaryCheck(seed=7, length=20)
+    a = Canary(seed=7, length=20)
     a.fingerprint(t, step=11)
-    b = CanaryCheck()
+    b = Canary()
     b.load_state_dict(a.state_dict())
     assert b.canary_tokens() == a.canary_tokens() and len(b.canary_tokens()) == 20
     assert b.last_fingerprint.step == 11
@@ -190,7 +190,7 @@ def test_state_dict_round_trip_keeps_tokens_and_fingerprint(tiny_dir) -> None:
 
 def test_drawn_tokens_are_seeded_and_inside_the_vocabulary(tiny_dir) -> None:
     t = TorchTeacher.from_pretrained(tiny_dir)
-    a, b, c = CanaryCheck(seed=1), CanaryCheck(seed=1), CanaryCheck(seed=2)
+    a, b, c = Canary(seed=1), Canary(seed=1), Canary(seed=2)
     assert a.canary_tokens(t) == b.canary_tokens(t) != c.canary_tokens(t)
     assert max(a.canary_tokens(t)) < 512 and len(a.canary_tokens(t)) == 64
 

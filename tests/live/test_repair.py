@@ -8,11 +8,12 @@ from typing import Any
 import pytest
 import torch
 
-from distill_guard.checks.canary import CanaryCheck
 from distill_guard.findings import Code, Severity
-from distill_guard.repair import IncidentTracker, RepairOutcome, repair_teacher
+from distill_guard.live.canary import Canary
+from distill_guard.live.incidents import IncidentTracker
+from distill_guard.live.repair import RepairOutcome, repair_teacher
 from distill_guard.teachers import TeacherError, TorchTeacher
-from distill_guard.teachers.tiny import build_tiny_qwen3
+from distill_guard.testing.tiny import build_tiny_qwen3
 
 torch.set_num_threads(1)  # tiny models: thread wake-ups cost more than the math
 
@@ -34,7 +35,7 @@ class Events:
         return [k for k, _ in self.log]
 
 
-def lose_weights(t: TorchTeacher, canary: CanaryCheck) -> None:
+def lose_weights(t: TorchTeacher, canary: Canary) -> None:
     canary.fingerprint(t)
     t.release()
     t.resume()
@@ -43,7 +44,7 @@ def lose_weights(t: TorchTeacher, canary: CanaryCheck) -> None:
 
 def test_repair_brings_a_zero_weight_teacher_back_and_the_canary_passes(tiny_dir) -> None:
     t = TorchTeacher.from_pretrained(tiny_dir)
-    canary = CanaryCheck(deterministic=True)
+    canary = Canary(deterministic=True)
     lose_weights(t, canary)
     events = Events()
     out = repair_teacher(t, canary, on_event=events, step=9)
@@ -55,7 +56,7 @@ def test_repair_brings_a_zero_weight_teacher_back_and_the_canary_passes(tiny_dir
 
 def test_an_asleep_teacher_is_resumed_first(tiny_dir) -> None:
     t = TorchTeacher.from_pretrained(tiny_dir)
-    canary = CanaryCheck()
+    canary = Canary()
     canary.fingerprint(t)
     t.release()
     events = Events()
@@ -65,7 +66,7 @@ def test_an_asleep_teacher_is_resumed_first(tiny_dir) -> None:
 
 def test_a_repair_that_does_not_verify_is_retried_with_backoff_then_given_up(tiny_dir) -> None:
     t = TorchTeacher.from_pretrained(tiny_dir, snapshot_buffers=False)  # reload cannot fix RoPE
-    canary = CanaryCheck(deterministic=True)
+    canary = Canary(deterministic=True)
     lose_weights(t, canary)
     events, pauses = Events(), []
     out = repair_teacher(
@@ -86,7 +87,7 @@ def test_a_custom_reloader_restores_an_ema_teacher(tiny_dir) -> None:
         for p in t.model.parameters():
             p.mul_(0.5)  # the EMA weights are not the checkpoint any more
     ema_state = {k: v.clone() for k, v in t.model.state_dict().items()}
-    canary = CanaryCheck(deterministic=True)
+    canary = Canary(deterministic=True)
     lose_weights(t, canary)
     # the default reload (checkpoint) would not match; the EMA reloader does
     assert not repair_teacher(t, canary, max_attempts=1).ok
@@ -100,7 +101,7 @@ def test_a_custom_reloader_restores_an_ema_teacher(tiny_dir) -> None:
 
 def test_teacher_errors_during_repair_are_events_not_crashes(tiny_dir) -> None:
     t = TorchTeacher.from_pretrained(tiny_dir)
-    canary = CanaryCheck()
+    canary = Canary()
     lose_weights(t, canary)
 
     def broken(teacher: Any) -> None:
@@ -118,7 +119,7 @@ def test_teacher_errors_during_repair_are_events_not_crashes(tiny_dir) -> None:
 
 def test_max_attempts_must_be_positive(tiny_dir) -> None:
     with pytest.raises(ValueError):
-        repair_teacher(TorchTeacher.from_pretrained(tiny_dir), CanaryCheck(), max_attempts=0)
+        repair_teacher(TorchTeacher.from_pretrained(tiny_dir), Canary(), max_attempts=0)
 
 
 def _ok(seconds: float = 0.2) -> RepairOutcome:
@@ -160,7 +161,7 @@ def test_a_teacher_that_loses_weights_at_every_wake_is_repaired_each_time_and_al
     tiny_dir,
 ) -> None:
     t = TorchTeacher.from_pretrained(tiny_dir)
-    canary, tracker, alerts = CanaryCheck(deterministic=True), IncidentTracker(), []
+    canary, tracker, alerts = Canary(deterministic=True), IncidentTracker(), []
     for step in range(4):
         canary.fingerprint(t, step)  # before_sleep
         t.release()

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from distill_guard.checks.canary import CanaryCheck
 from distill_guard.findings import Code
-from distill_guard.probe import format_table, run_probe
+from distill_guard.live.canary import Canary
+from distill_guard.live.probe import format_table, run_probe
 from distill_guard.teachers import SGLangHTTPTeacher, TorchTeacher
-from distill_guard.teachers.testing import reference_teacher
-from distill_guard.teachers.tiny import build_tiny_qwen3
+from distill_guard.testing.servers import reference_teacher
+from distill_guard.testing.tiny import build_tiny_qwen3
 
 torch.set_num_threads(1)  # tiny models: thread wake-ups cost more than the math
 
@@ -70,7 +70,7 @@ def test_releasing_only_the_kv_cache_keeps_the_weights(tiny_dir) -> None:
 
 def test_to_json_has_exactly_the_documented_shape(tiny_dir) -> None:
     with reference_teacher(tiny_dir) as (url, _), SGLangHTTPTeacher(url) as t:
-        out = run_probe(t, cycles=1, canary=CanaryCheck(length=16, top_k=4)).to_json()
+        out = run_probe(t, cycles=1, canary=Canary(length=16, top_k=4)).to_json()
     assert list(out) == ["ok", "repaired", "findings", "cycles"]
     assert out["ok"] is False and out["repaired"] is True
     assert json.loads(json.dumps(out, allow_nan=False)) == out

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from distill_guard.checks.canary import CanaryCheck, teacher_error_finding
-from distill_guard.findings import Finding, Severity
-from distill_guard.preflight import preflight_teacher
-from distill_guard.repair import EventSink, repair_teacher
-from distill_guard.teachers.base import Teacher, TeacherError
+from distill_guard.findings import Code, Finding, Severity
+from distill_guard.live.canary import Canary
+from distill_guard.live.colocate import ColocatedTeacher
+from distill_guard.live.preflight import preflight_teacher
+from distill_guard.live.repair import EventSink
+from distill_guard.teachers.base import Teacher
 
 
 @dataclass
@@ -81,7 +80,7 @@ def run_probe(
     teacher: Teacher,
     cycles: int = 3,
     tags: Sequence[str] | None = None,
-    canary: CanaryCheck | None = None,
+    canary: Canary | None = None,
     *,
     preflight: bool = True,
     repair: bool = True,
@@ -91,26 +90,29 @@ def run_probe(
 ) -> ProbeReport:
     """Preflight, then up to ``cycles`` release/resume cycles each checked by the canary.
 
-    The first cycle that loses the weights ends the cycling: with ``repair`` the teacher is
-    rewoken (resume, reload, flush, verify) before returning, so a probe never leaves a teacher
-    worse than it found it. A teacher that is already broken before the first sleep is reported
-    and not cycled. Teacher failures raise :class:`TeacherError` only before the first release;
-    after it they become findings, and the probe still tries to wake the teacher.
+    Each cycle is the guard's own colocated step (:class:`ColocatedTeacher`: fingerprint,
+    release, resume, canary). The first cycle that loses the weights ends the cycling: with
+    ``repair`` the teacher is rewoken (resume, reload, flush, verify) before returning, so a probe
+    never leaves a teacher worse than it found it. A teacher that is already broken before the
+    first sleep is reported and not cycled. Teacher failures raise :class:`TeacherError` only
+    before the first release; after it they become findings.
     """
     if cycles < 0:
         raise ValueError(f"cycles must be >= 0, got {cycles}")
-    canary = canary or CanaryCheck()
+    colocated = ColocatedTeacher(
+        teacher, canary, repair_attempts=max_repair_attempts, repair_backoff_s=0.5, tags=tags
+    )
     report = ProbeReport()
     if preflight:
         report.findings += preflight_teacher(teacher)
-    baseline = canary.measure(teacher)  # raises TeacherError: nothing has been touched yet
-    broken = canary.judge(baseline)
+    canary = colocated.canary
+    broken = canary.judge(canary.measure(teacher), teacher)  # raises: nothing touched yet
     if broken:
         report.findings += broken
         report.ok = False
         return report
     for i in range(1, cycles + 1):
-        cycle = _one_cycle(teacher, canary, i, tags)
+        cycle = _one_cycle(colocated, i)
         report.cycles.append(cycle)
         report.findings += cycle.findings
         if on_cycle is not None:
@@ -118,9 +120,7 @@ def run_probe(
         if not cycle.lost_weights:
             continue
         if repair:
-            outcome = repair_teacher(
-                teacher, canary, max_attempts=max_repair_attempts, backoff_s=0.5, on_event=on_event
-            )
+            outcome, _ = colocated.repair(i, cycle.findings, on_event)
             report.findings += outcome.findings
             report.repaired = outcome.ok
         break
@@ -131,31 +131,16 @@ def run_probe(
     return report
 
 
-def _one_cycle(
-    teacher: Teacher, canary: CanaryCheck, i: int, tags: Sequence[str] | None
-) -> CycleReport:
-    canary.fingerprint(teacher, step=i)
-    t0 = time.perf_counter()
-    try:
-        teacher.release(tags)
-        teacher.resume(tags)
-    except TeacherError as e:
-        if teacher.asleep:  # never leave it asleep: one more try to wake it
-            with contextlib.suppress(TeacherError):
-                teacher.resume()
-        return CycleReport(
-            i, time.perf_counter() - t0, 0.0, None, None, False, True,
-            [teacher_error_finding(e, i, during="sleep/wake")],
-        )  # fmt: skip
-    sleep_wake = time.perf_counter() - t0
-    try:
-        findings = canary.verify(teacher, step=i)
-    except TeacherError as e:
-        return CycleReport(
-            i, sleep_wake, 0.0, None, None, False, True,
-            [teacher_error_finding(e, i, during="canary after wake")],
-        )  # fmt: skip
-    cmp = canary.last_comparison
+def _one_cycle(colocated: ColocatedTeacher, i: int) -> CycleReport:
+    slept = colocated.sleep(i)
+    if any(f.values.get("during") == "release" for f in slept):
+        return CycleReport(i, colocated.seconds["release"], 0.0, None, None, False, True, slept)
+    woke = colocated.wake(i)
+    sleep_wake = colocated.seconds["release"] + colocated.seconds["resume"]
+    findings = slept + woke
+    if any(f.code == Code.TEACHER_UNREACHABLE for f in woke):  # no resume, or no canary answer
+        return CycleReport(i, sleep_wake, 0.0, None, None, False, True, findings)
+    cmp = colocated.canary.last_comparison
     assert cmp is not None
     return CycleReport(
         cycle=i,
@@ -164,7 +149,7 @@ def _one_cycle(
         max_abs_delta=cmp.max_abs_delta,
         top1_logprob=cmp.top1_logprob,
         uniform=cmp.uniform,
-        lost_weights=bool(findings),
+        lost_weights=bool(woke),
         findings=findings,
     )
 

@@ -1,0 +1,11 @@
+"""Everything that calls a live teacher around sleep and wake.
+
+- :mod:`.canary`: the canary measured before sleep and after wake.
+- :mod:`.colocate`: the colocated teacher the guard sleeps, wakes, verifies and repairs.
+- :mod:`.repair`: reload, flush and verify, with bounded retries.
+- :mod:`.incidents`: repeats of one weight loss counted as one incident.
+- :mod:`.preflight`: a teacher's configuration, read before training.
+- :mod:`.probe`: preflight plus sleep/wake cycles with the canary (``distill-guard probe``).
+
+The judgements themselves are pure and live in :mod:`distill_guard.checks`.
+"""

@@ -1,0 +1,166 @@
+"""The canary run against a live teacher: measured just before sleep, again just after wake.
+
+:class:`Canary` does the teacher calls and keeps the reference; the judgement itself is the pure
+:class:`~distill_guard.checks.canary.CanaryCheck`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from distill_guard.checks.canary import CanaryCheck, CanaryComparison, CanaryMeasurement
+from distill_guard.findings import Code, Finding, Severity
+from distill_guard.teachers.base import Teacher, TeacherError
+
+
+class Canary:
+    """Scores a fixed sequence on a teacher; holds the fingerprint a wake is compared with.
+
+    Build it from a :class:`CanaryCheck` (the Hydra node ``checks.canary``) or from that check's
+    fields: ``Canary(top_k=8)``.
+    """
+
+    def __init__(self, check: CanaryCheck | None = None, **fields: Any) -> None:
+        if check is not None and fields:
+            raise TypeError("give a CanaryCheck or its fields, not both")
+        self.check = check if check is not None else CanaryCheck(**fields)
+        self.vocab_size: int | None = self.check.vocab_size
+        """V: configured, else asked of the teacher, else inferred from a flat response."""
+        self._tokens: list[int] | None = None
+        self._fingerprint: CanaryMeasurement | None = None
+        self._deterministic: bool | None = None
+        self.last_comparison: CanaryComparison | None = None
+        """What the last judgement measured."""
+
+    @property
+    def top_k(self) -> int:
+        return self.check.top_k
+
+    @property
+    def length(self) -> int:
+        return len(self._tokens) if self._tokens is not None else self.check.length
+
+    @property
+    def last_fingerprint(self) -> CanaryMeasurement | None:
+        return self._fingerprint
+
+    # -- what the teacher is -----------------------------------------------------------------
+
+    def resolve_vocab_size(self, teacher: Teacher | None) -> int | None:
+        """V from the configuration, else from the teacher; None if neither can tell."""
+        if self.vocab_size is None and teacher is not None:
+            try:
+                self.vocab_size = teacher.vocab_size
+            except TeacherError:
+                return None
+        return self.vocab_size
+
+    def canary_tokens(self, teacher: Teacher | None = None) -> list[int]:
+        """The sequence, drawn on first use and then fixed."""
+        if self._tokens is None:
+            self._tokens = self.check.draw_tokens(self.resolve_vocab_size(teacher))
+        return list(self._tokens)
+
+    def is_deterministic(self, teacher: Teacher | None) -> bool:
+        """The configured flag, else the teacher's ``enable_deterministic_inference``."""
+        if self.check.deterministic is not None:
+            return self.check.deterministic
+        if self._deterministic is None:
+            try:
+                info = teacher.server_info() if teacher is not None else {}
+            except TeacherError:
+                return False  # unknown: the wider tolerance, not a false alarm; ask again later
+            self._deterministic = bool(info.get("enable_deterministic_inference", False))
+        return self._deterministic
+
+    # -- measuring ---------------------------------------------------------------------------
+
+    def measure(self, teacher: Teacher, step: int | None = None) -> CanaryMeasurement:
+        """One scoring call on the canary. Raises :class:`TeacherError` if the teacher fails."""
+        tokens = self.canary_tokens(teacher)
+        t0 = time.perf_counter()
+        res = teacher.score([tokens], top_k=self.top_k, logprob_start_len=0)
+        seconds = time.perf_counter() - t0
+        return CanaryMeasurement(
+            tokens=tokens,
+            token_logprobs=res.token_logprobs[0].tolist(),
+            topk_logprobs=res.topk_logprobs[0].tolist() if res.topk_logprobs else None,
+            topk_ids=res.topk_ids[0].tolist() if res.topk_ids else None,
+            step=step,
+            seconds=seconds,
+        )
+
+    def fingerprint(self, teacher: Teacher, step: int | None = None) -> CanaryMeasurement:
+        """Score the canary and keep it as the reference for the next ``verify`` (before sleep)."""
+        self.is_deterministic(teacher)
+        self._fingerprint = self.measure(teacher, step)
+        return self._fingerprint
+
+    def verify(self, teacher: Teacher, step: int | None = None) -> list[Finding]:
+        """Score the canary after wake and judge it; empty when the teacher is as it was.
+
+        Raises :class:`TeacherError` when the teacher cannot be scored.
+        """
+        return self.judge(self.measure(teacher, step), teacher=teacher)
+
+    def judge(self, measured: CanaryMeasurement, teacher: Teacher | None = None) -> list[Finding]:
+        """Judge a measurement against the fingerprint; remembers a V inferred from it."""
+        findings, comparison = self.check.judge(
+            measured,
+            self._fingerprint,
+            vocab_size=self.resolve_vocab_size(teacher),
+            deterministic=self.is_deterministic(teacher),
+        )
+        if comparison.vocab_inferred:
+            self.vocab_size = comparison.vocab_size
+        self.last_comparison = comparison
+        return findings
+
+    # -- state -------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "tokens": self._tokens,
+            "vocab_size": self.vocab_size,
+            "fingerprint": self._fingerprint.to_dict() if self._fingerprint else None,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._tokens = list(state["tokens"]) if state.get("tokens") is not None else None
+        if state.get("vocab_size") is not None:
+            self.vocab_size = int(state["vocab_size"])
+        fp = state.get("fingerprint")
+        self._fingerprint = CanaryMeasurement.from_dict(fp) if fp else None
+
+
+def teacher_error_finding(
+    error: Exception,
+    step: int | None = None,
+    *,
+    during: str = "",
+    severity: Severity = Severity.CRITICAL,
+) -> Finding:
+    """``teacher.unreachable`` for a teacher call that failed, naming the call and the error.
+
+    Critical where the guard needed the answer (a repair, a probe); a warning where it only
+    could not check this step (the canary at a wake), so training continues.
+    """
+    where = f" during {during}" if during else ""
+    if severity is Severity.CRITICAL:
+        advice = (
+            "The teacher cannot be checked or used until it answers; check that the server is up "
+            "and reachable (and its API key)."
+        )
+    else:
+        advice = (
+            "The guard could not check it this step; training continues. Check the teacher "
+            "server's health and the configured timeout."
+        )
+    return Finding(
+        Code.TEACHER_UNREACHABLE,
+        severity,
+        f"Teacher call failed{where}: {type(error).__name__}: {error}. {advice}",
+        step,
+        {"error": str(error), "error_type": type(error).__name__, "during": during},
+    )
