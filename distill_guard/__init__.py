@@ -19,23 +19,13 @@ from distill_guard.policy import Action, Decision, Halt, Policy  # noqa: E402
 _FROM_CONFIG = ("GuardConfig", "build_guard", "compose_guard_config")
 """Named here, imported on first use: they bring Hydra."""
 
+# fmt: off
 __all__ = [
-    "Action",
-    "Code",
-    "Decision",
-    "DistillGuard",
-    "Finding",
-    "GuardConfig",
-    "Halt",
-    "LossKind",
-    "Metric",
-    "Policy",
-    "RunSpec",
-    "Severity",
-    "build_guard",
-    "compose_guard_config",
+    "Action", "Code", "Decision", "DistillGuard", "Finding", "GuardConfig", "Halt", "LossKind",
+    "Metric", "Policy", "RunSpec", "Severity", "build_guard", "compose_guard_config",
     "default_checks",
 ]
+# fmt: on
 
 
 def __getattr__(name: str) -> Any:

@@ -12,7 +12,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -44,16 +44,24 @@ def _key_value(text: str) -> tuple[str, str]:
     return role, name
 
 
+def _command(
+    sub: argparse._SubParsersAction, name: str, func: Callable[..., int], summary: str
+) -> argparse.ArgumentParser:
+    """A subcommand that runs ``func(args) -> exit code``, described by ``func``'s docstring,
+    and can print JSON."""
+    description = " ".join((func.__doc__ or summary).split())
+    p = sub.add_parser(name, help=summary, description=description, allow_abbrev=False)
+    p.add_argument("--json", action="store_true", help="print one JSON object, not a table")
+    p.set_defaults(func=func)
+    return p
+
+
 # ---------------------------------------------------------------------------------- replay
 
 
 def add_replay(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "replay",
-        help="replay a metric history (JSONL or wandb CSV) through the guard",
-        description="Replay a run's per-step metrics through a guard preset and report what it "
-        "would have found and done. Metric names default to Relax's.",
-    )
+    summary = "replay a metric history (JSONL or wandb CSV) through the guard"
+    p = _command(sub, "replay", cmd_replay, summary)
     p.add_argument("path", help="history: JSONL (one object per step) or CSV with a _step column")
     p.add_argument(
         "--key",
@@ -76,12 +84,12 @@ def add_replay(sub: argparse._SubParsersAction) -> None:
         metavar="KEY=VALUE",
         help="Hydra override on the guard config, e.g. checks.entropy_drift.h=6; repeatable",
     )
-    p.add_argument("--json", action="store_true", help="print the machine-readable result")
     p.add_argument("--plot", metavar="FILE.png", help="draw the signals with the findings marked")
-    p.set_defaults(func=cmd_replay)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    """Replay a run's per-step metrics through a guard preset and report what it would have
+    found and done. Metric names default to Relax's."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
@@ -137,12 +145,8 @@ def _connection_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_live(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "probe",
-        help="preflight a live teacher, then sleep/wake it N times with the canary",
-        description="Preflight, then N release/resume cycles, each verified by the canary. A cycle "
-        "that loses the weights is repaired (resume, reload, flush, verify) before exiting.",
-    )
+    summary = "preflight a live teacher, then sleep/wake it N times with the canary"
+    p = _command(sub, "probe", cmd_probe, summary)
     _connection_args(p)
     p.add_argument("--cycles", type=int, default=3, help="sleep/wake cycles (default 3)")
     p.add_argument(
@@ -156,19 +160,11 @@ def add_live(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--canary-length", type=int, default=64, help="canary tokens (default 64)")
     p.add_argument("--seed", type=int, default=0, help="canary seed (default 0)")
     p.add_argument("--no-repair", action="store_true", help="report a lost teacher, do not repair")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    p.set_defaults(func=cmd_probe)
 
-    p = sub.add_parser(
-        "preflight",
-        help="check a teacher's configuration (live server or launch command)",
-        description="Check a teacher's configuration only: from a live server's /server_info "
-        "(--url) or from an SGLang or Relax launch command line (--args).",
-    )
+    summary = "check a teacher's configuration (live server or launch command)"
+    p = _command(sub, "preflight", cmd_preflight, summary)
     _connection_args(p)
     p.add_argument("--args", dest="launch_args", help="launch command line, quoted")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=cmd_preflight)
 
     p = sub.add_parser(
         "serve-reference",
@@ -176,6 +172,7 @@ def add_live(sub: argparse._SubParsersAction) -> None:
         description="A TorchTeacher behind SGLang's native HTTP endpoints, on 127.0.0.1. It is not "
         "SGLang: it only scores (max_new_tokens 0), has no tokenizer, and emulates the memory "
         "saver's sleep/wake on CPU.",
+        allow_abbrev=False,
     )
     p.add_argument("--model", required=True, help="checkpoint dir (config.json + *.safetensors)")
     p.add_argument("--port", type=int, required=True, help="TCP port to listen on")
@@ -234,6 +231,8 @@ def _print_findings(findings: list[Finding]) -> None:
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
+    """Check a teacher's configuration only: from a live server's /server_info (--url) or from
+    an SGLang or Relax launch command line (--args)."""
     from distill_guard.live.preflight import parse_launch_command, preflight_server_args
 
     if bool(args.url) == bool(args.launch_args):
@@ -259,6 +258,8 @@ def cmd_preflight(args: argparse.Namespace) -> int:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
+    """Preflight, then N release/resume cycles, each verified by the canary. A cycle that loses
+    the weights is repaired (resume, reload, flush, verify) before exiting."""
     from distill_guard.live.canary import Canary
     from distill_guard.live.probe import format_table, run_probe
 
@@ -353,8 +354,6 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_replay(sub)
     add_live(sub)
-    for p in sub.choices.values():
-        p.allow_abbrev = False
     return parser
 
 

@@ -45,13 +45,18 @@ class RepairConfig:
 class GuardConfig:
     """The whole guard. Compose with ``guard=default|monitor_only|strict`` and override fields."""
 
-    run: RunSpec = field(default_factory=RunSpec)
-    checks: ChecksConfig = field(default_factory=ChecksConfig)
-    policy: Policy = field(default_factory=Policy)
-    alerts: AlertsConfig = field(default_factory=AlertsConfig)
-    repair: RepairConfig = field(default_factory=RepairConfig)
     events_path: str | None = None
     """JSONL event file; None keeps events in the logger only."""
+    run: RunSpec = field(default_factory=RunSpec)
+    """Facts of the run: V, the loss and its β and scale."""
+    checks: ChecksConfig = field(default_factory=ChecksConfig)
+    """Every check's thresholds, and whether it runs."""
+    policy: Policy = field(default_factory=Policy)
+    """Findings → decision: patience, escalation, monitor-only."""
+    alerts: AlertsConfig = field(default_factory=AlertsConfig)
+    """Where alerts go and how often."""
+    repair: RepairConfig = field(default_factory=RepairConfig)
+    """Bounds of one repair of a live teacher."""
 
 
 def register_configs() -> None:

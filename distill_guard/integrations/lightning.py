@@ -19,73 +19,50 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 
-from distill_guard.config import GuardSpec, build_guard
+from distill_guard.config import GuardSpec
 from distill_guard.consensus import attach
-from distill_guard.integrations.plain import StepGuard
-from distill_guard.metric_names import LIGHTNING_METRIC_NAMES, pick_metrics
+from distill_guard.integrations.plain import GuardedCallback
+from distill_guard.metric_names import LIGHTNING_METRIC_NAMES
 from distill_guard.observations import Metric
 
 log = logging.getLogger("distill_guard")
 
 
-class DistillGuardCallback(pl.Callback):
+class DistillGuardCallback(GuardedCallback, pl.Callback):
     """Runs a :class:`~distill_guard.guard.DistillGuard` inside a Lightning ``Trainer``.
 
+    Takes :class:`~distill_guard.integrations.plain.GuardedCallback`'s arguments (metric names
+    :data:`~distill_guard.metric_names.LIGHTNING_METRIC_NAMES` by default), and:
+
     Args:
-        guard: a guard, a preset name (``default``/``monitor_only``/``strict``), or a guard
-            config node; None composes ``default``.
-        guard_overrides: Hydra overrides for a preset or config, e.g. ``["run.vocab_size=151936"]``.
-        metric_keys: ``{role: logged name}``; :data:`LIGHTNING_METRIC_NAMES` by default.
         teacher_attr: attribute of the LightningModule holding the teacher ``nn.Module``; its
             forwards during training steps are observed. None: hand logits over yourself.
-        top_k: teacher top-k kept per position.
-        save_on_halt: save a checkpoint before stopping on a halt.
         dirpath: where the halt checkpoint goes; ``<default_root_dir>/checkpoints`` if None.
-        consensus_timeout_s: per-hook timeout of the all-rank agreement.
     """
+
+    default_metric_names = LIGHTNING_METRIC_NAMES
 
     def __init__(
         self,
         guard: GuardSpec = None,
         *,
-        guard_overrides: Sequence[str] = (),
-        metric_keys: Mapping[str, str] | None = None,
         teacher_attr: str | None = "teacher",
-        top_k: int = 16,
-        save_on_halt: bool = True,
         dirpath: str | os.PathLike[str] | None = None,
-        consensus_timeout_s: float = 60.0,
+        **kwargs: Any,
     ) -> None:
-        self.step_guard = StepGuard(build_guard(guard, guard_overrides), top_k=top_k)
-        self.step_guard.collecting = False
-        self.metric_keys = dict(LIGHTNING_METRIC_NAMES if metric_keys is None else metric_keys)
+        super().__init__(guard, **kwargs)
         self.teacher_attr = teacher_attr
-        self.save_on_halt = save_on_halt
         self.dirpath = dirpath
-        self.consensus_timeout_s = consensus_timeout_s
         self.halt_checkpoint: str | None = None
         """Path of the checkpoint saved on halt."""
         self._updated: int | None = None
         self._stopped = False
-
-    @property
-    def guard(self) -> Any:
-        return self.step_guard.guard
-
-    def observe_teacher_logits(self, logits: torch.Tensor, **kwargs: Any) -> None:
-        """Hand the teacher's logits of this batch to the guard (``mask=``, ``labels=``)."""
-        self.step_guard.observe_teacher_logits(logits, **kwargs)
-
-    def observe_loss(self, loss: torch.Tensor | float) -> None:
-        """Hand the raw loss of this batch to the guard (judged before the update)."""
-        self.step_guard.observe_loss(loss)
 
     # ------------------------------------------------------------------ hooks
 
@@ -123,8 +100,7 @@ class DistillGuardCallback(pl.Callback):
             return
         step, self._updated = self._updated, None
         if not self.step_guard.halted:
-            metrics = pick_metrics(trainer.callback_metrics, self.metric_keys)
-            self.step_guard.after_update(step, metrics)
+            self.step_guard.after_logs(step, trainer.callback_metrics, skip_if_absent=False)
         halt = self.step_guard.halted
         if trainer.world_size > 1:  # already agreed by the reducer; the strategy makes it certain
             halt = trainer.strategy.reduce_boolean_decision(halt, all=False)
@@ -134,12 +110,10 @@ class DistillGuardCallback(pl.Callback):
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking or self.step_guard.halted:
             return
-        names = {Metric.EVAL_ACCURACY: self.metric_keys.get(Metric.EVAL_ACCURACY, "")}
-        accuracy = pick_metrics(trainer.callback_metrics, names)
-        if accuracy:
-            self.step_guard.after_update(max(trainer.global_step - 1, 0), accuracy)
-            if self.step_guard.halted and not self._stopped:
-                self._halt(trainer, trainer.global_step)
+        step = max(trainer.global_step - 1, 0)
+        fed = self.step_guard.after_logs(step, trainer.callback_metrics, [Metric.EVAL_ACCURACY])
+        if fed is not None and self.step_guard.halted and not self._stopped:
+            self._halt(trainer, trainer.global_step)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.guard.close()

@@ -38,7 +38,8 @@ from typing import Any
 import torch
 
 from distill_guard.config import GuardSpec, build_guard
-from distill_guard.metric_names import as_float
+from distill_guard.guard import DistillGuard
+from distill_guard.metric_names import as_float, pick_metrics
 from distill_guard.observations import Metric
 from distill_guard.policy import Action, Decision
 from distill_guard.signals import DEFAULT_CHUNK_ROWS, teacher_logprobs_from_logits
@@ -76,6 +77,8 @@ class StepGuard:
         chunk_rows: rows per float32 chunk when reducing full logits.
         learn_vocab_size: when the guard's ``run.vocab_size`` is unset, take it from the logits'
             width (exact for in-process teachers: the width is the distribution's support).
+        collecting: whether :meth:`watch` hooks record from the start.
+        metric_names: ``{role: framework metric name}`` for :meth:`after_logs`.
     """
 
     def __init__(
@@ -86,14 +89,19 @@ class StepGuard:
         top_k: int = 16,
         chunk_rows: int = DEFAULT_CHUNK_ROWS,
         learn_vocab_size: bool = True,
+        collecting: bool = True,
+        metric_names: Mapping[str, str] | None = None,
     ) -> None:
         self.guard = build_guard(guard, overrides)
         self.top_k = top_k
         self.chunk_rows = chunk_rows
         self.learn_vocab_size = learn_vocab_size
-        self.collecting = True
+        self.collecting = collecting
         """Hooks installed by :meth:`watch` record only while this is True (adapters switch it
         off outside training steps, so evaluation forwards are not counted)."""
+        self.metric_names = dict(metric_names or {role: role for role in Metric.ALL})
+        """``{role: framework name}`` that :meth:`after_logs` reads (the roles themselves by
+        default); resolved by :mod:`distill_guard.metric_names`, as replay does."""
         self.loss_before_update = False
         """Set by the first :meth:`observe_loss`: the raw loss is then judged before the update,
         and :meth:`after_update` leaves the loss out (it was already seen)."""
@@ -256,6 +264,26 @@ class StepGuard:
         self.last_decision = decision
         return decision
 
+    def after_logs(
+        self,
+        step: int,
+        logs: Mapping[str, Any],
+        roles: Sequence[str] | None = None,
+        *,
+        skip_if_absent: bool = True,
+    ) -> Decision | None:
+        """Feed a framework's logged metrics, read through :attr:`metric_names` (only ``roles``
+        if given). None, and nothing judged, when none of them was logged and
+        ``skip_if_absent``; a host that calls this once per update on every rank passes False,
+        so each rank makes the same guard calls."""
+        names = self.metric_names
+        if roles is not None:
+            names = {role: names[role] for role in roles if role in names}
+        metrics = pick_metrics(logs, names)
+        if not metrics and skip_if_absent:
+            return None
+        return self.after_update(step, metrics)
+
     # ------------------------------------------------------------------ colocated teachers
 
     def wake(self, step: int, *, resume: Any = None) -> Decision:
@@ -278,3 +306,55 @@ class StepGuard:
     @property
     def halt_reason(self) -> str | None:
         return self.guard.halt.message if self.guard.halt else None
+
+
+class GuardedCallback:
+    """What every trainer callback shares: a :class:`StepGuard` that collects only inside
+    training steps, the framework's metric names, and the halt and all-rank settings.
+
+    Args:
+        guard: a guard, a preset name (``default``/``monitor_only``/``strict``), or a guard
+            config node; None composes ``default``.
+        guard_overrides: Hydra overrides for a preset or config, e.g. ``["run.vocab_size=151936"]``.
+        metric_keys: ``{role: logged name}``; the framework's names by default.
+        top_k: teacher top-k kept per position when reducing in-process teacher logits.
+        save_on_halt: save a checkpoint before stopping on a halt.
+        consensus_timeout_s: per-hook timeout of the all-rank agreement under ``torch.distributed``.
+    """
+
+    default_metric_names: Mapping[str, str] = {}
+    """The framework's own metric names (set by each adapter)."""
+
+    def __init__(
+        self,
+        guard: GuardSpec = None,
+        *,
+        guard_overrides: Sequence[str] = (),
+        metric_keys: Mapping[str, str] | None = None,
+        top_k: int = 16,
+        save_on_halt: bool = True,
+        consensus_timeout_s: float = 60.0,
+    ) -> None:
+        names = self.default_metric_names if metric_keys is None else metric_keys
+        self.step_guard = StepGuard(
+            guard, guard_overrides, top_k=top_k, collecting=False, metric_names=names
+        )
+        self.save_on_halt = save_on_halt
+        self.consensus_timeout_s = consensus_timeout_s
+
+    @property
+    def guard(self) -> DistillGuard:
+        return self.step_guard.guard
+
+    def observe_teacher_logits(self, logits: torch.Tensor, **kwargs: Any) -> None:
+        """Hand the teacher's logits of this micro-batch to the guard (``mask=``, ``labels=``);
+        judged before this step's optimizer update."""
+        self.step_guard.observe_teacher_logits(logits, **kwargs)
+
+    def observe_teacher_logprobs(self, **kwargs: Any) -> None:
+        """Same, with logprobs already reduced (``token_logprobs=``, ``topk_logprobs=``, ``mask=``)."""
+        self.step_guard.observe_teacher_logprobs(**kwargs)
+
+    def observe_loss(self, loss: torch.Tensor | float) -> None:
+        """Hand the raw micro-batch loss to the guard (it sees a NaN a log filter would hide)."""
+        self.step_guard.observe_loss(loss)

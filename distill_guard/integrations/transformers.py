@@ -21,16 +21,16 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from distill_guard.config import GuardSpec, build_guard
+from distill_guard.config import GuardSpec
 from distill_guard.consensus import attach
-from distill_guard.integrations.plain import StepGuard
-from distill_guard.metric_names import HF_METRIC_NAMES, pick_metrics
+from distill_guard.integrations.plain import GuardedCallback
+from distill_guard.metric_names import HF_METRIC_NAMES
 
 log = logging.getLogger("distill_guard")
 
@@ -39,63 +39,22 @@ GUARD_STATE_FILE = "distill_guard_state.pt"
 ``callback.guard.load_state_dict`` to resume with the same references)."""
 
 
-class DistillGuardCallback(TrainerCallback):
+class DistillGuardCallback(GuardedCallback, TrainerCallback):
     """Runs a :class:`~distill_guard.guard.DistillGuard` inside a ``transformers.Trainer``.
 
+    Takes :class:`~distill_guard.integrations.plain.GuardedCallback`'s arguments (metric names
+    :data:`~distill_guard.metric_names.HF_METRIC_NAMES` by default), and:
+
     Args:
-        guard: a guard, a preset name (``default``/``monitor_only``/``strict``), or a guard
-            config node; None composes ``default``.
-        guard_overrides: Hydra overrides for a preset or config, e.g. ``["run.vocab_size=151936"]``.
-        metric_keys: ``{role: logs key}``; :data:`HF_METRIC_NAMES` by default.
-        top_k: teacher top-k kept per position when reducing in-process teacher logits.
-        save_on_halt: request a checkpoint before stopping on a halt.
-        consensus_timeout_s: per-hook timeout of the all-rank agreement under ``torch.distributed``.
         save_guard_state: write the guard's state into every checkpoint directory.
     """
 
-    def __init__(
-        self,
-        guard: GuardSpec = None,
-        *,
-        guard_overrides: Sequence[str] = (),
-        metric_keys: Mapping[str, str] | None = None,
-        top_k: int = 16,
-        save_on_halt: bool = True,
-        consensus_timeout_s: float = 60.0,
-        save_guard_state: bool = True,
-    ) -> None:
-        self.step_guard = StepGuard(build_guard(guard, guard_overrides), top_k=top_k)
-        self.step_guard.collecting = False
-        self.metric_keys = dict(HF_METRIC_NAMES if metric_keys is None else metric_keys)
-        self.save_on_halt = save_on_halt
-        self.consensus_timeout_s = consensus_timeout_s
+    default_metric_names = HF_METRIC_NAMES
+
+    def __init__(self, guard: GuardSpec = None, *, save_guard_state: bool = True, **kwargs: Any):
+        super().__init__(guard, **kwargs)
         self.save_guard_state = save_guard_state
         self._stopping = False
-
-    @property
-    def guard(self) -> Any:
-        return self.step_guard.guard
-
-    # ------------------------------------------------------------------ in-process teacher API
-
-    def observe_teacher_logits(
-        self,
-        logits: torch.Tensor,
-        *,
-        mask: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-    ) -> None:
-        """Hand the teacher's logits of this micro-batch to the guard (call in ``compute_loss``,
-        before returning the loss). Judged before this step's optimizer update."""
-        self.step_guard.observe_teacher_logits(logits, mask=mask, labels=labels)
-
-    def observe_teacher_logprobs(self, **kwargs: Any) -> None:
-        """Same, with logprobs already reduced (``token_logprobs=``, ``topk_logprobs=``, ``mask=``)."""
-        self.step_guard.observe_teacher_logprobs(**kwargs)
-
-    def observe_loss(self, loss: torch.Tensor | float) -> None:
-        """Hand the raw micro-batch loss to the guard (sees a NaN the log filter would hide)."""
-        self.step_guard.observe_loss(loss)
 
     def watch_teacher(self, teacher: torch.nn.Module) -> Any:
         """Observe every training-step forward of ``teacher`` through a forward hook."""
@@ -155,10 +114,8 @@ class DistillGuardCallback(TrainerCallback):
         logs: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        metrics = pick_metrics(logs or {}, self.metric_keys)
-        if not metrics:  # logs are identical on every rank, so every rank skips alike
-            return
-        self.step_guard.after_update(max(state.global_step - 1, 0), metrics)
+        # logs are identical on every rank, so every rank feeds (or skips) alike
+        self.step_guard.after_logs(max(state.global_step - 1, 0), logs or {})
         if self.step_guard.halted:
             self._stop(control, state)
 

@@ -107,13 +107,17 @@ def repair_teacher(
             sleep(backoff_s * 2 ** (attempt - 1))
     seconds = time.perf_counter() - t0
     emit("repair.gave_up", {"attempts": max_attempts, "seconds": seconds})
+    last_codes = "; ".join(f.code for f in last) or "no finding"
+    source = "custom reloader" if reloader else "model_path"
+    why = (
+        f"Rewake failed {max_attempts} times in {seconds:.1f} s (last: {last_codes}): the teacher "
+        f"cannot be trusted. Halt the run; check the teacher's checkpoint ({source}) and server "
+        f"logs. {CONFIG_FIX}"
+    )
     failed = Finding(
         Code.TEACHER_REPAIR_FAILED,
         Severity.CRITICAL,
-        f"Rewake failed {max_attempts} times in {seconds:.1f} s (last: "
-        f"{'; '.join(f.code for f in last) or 'no finding'}): the teacher cannot be trusted. Halt "
-        f"the run; check the teacher's checkpoint ({'custom reloader' if reloader else 'model_path'})"
-        f" and server logs. {CONFIG_FIX}",
+        why,
         step,
         {"attempts": max_attempts, "seconds": seconds, "last_codes": [f.code for f in last]},
     )

@@ -27,21 +27,13 @@ _BACKENDS = {
     "TorchTeacher": "distill_guard.teachers.torch_teacher",
 }
 
+# fmt: off
 __all__ = [
-    "ALL_TAGS",
-    "SGLangEngineTeacher",
-    "SGLangHTTPTeacher",
-    "ScoreResult",
-    "SleepState",
-    "Teacher",
-    "TeacherError",
-    "TeacherHTTPError",
-    "TeacherStateError",
-    "TeacherUnreachable",
-    "TorchTeacher",
-    "TrackedTeacher",
-    "read_vocab_size",
+    "ALL_TAGS", "SGLangEngineTeacher", "SGLangHTTPTeacher", "ScoreResult", "SleepState",
+    "Teacher", "TeacherError", "TeacherHTTPError", "TeacherStateError", "TeacherUnreachable",
+    "TorchTeacher", "TrackedTeacher", "read_vocab_size",
 ]
+# fmt: on
 
 
 def __getattr__(name: str) -> Any:

@@ -82,11 +82,7 @@ class Teacher(Protocol):
     """
 
     def score(
-        self,
-        sequences: Sequence[Sequence[int]],
-        *,
-        top_k: int = 0,
-        logprob_start_len: int = 0,
+        self, sequences: Sequence[Sequence[int]], *, top_k: int = 0, logprob_start_len: int = 0
     ) -> ScoreResult:
         """Logprobs of ``ids[logprob_start_len + 1:]`` for each sequence, plus top-k if asked."""
         ...
@@ -245,11 +241,7 @@ class TrackedTeacher:
         return self.sleep_state.asleep
 
     def score(
-        self,
-        sequences: Sequence[Sequence[int]],
-        *,
-        top_k: int = 0,
-        logprob_start_len: int = 0,
+        self, sequences: Sequence[Sequence[int]], *, top_k: int = 0, logprob_start_len: int = 0
     ) -> ScoreResult:
         check_score_args(sequences, top_k, logprob_start_len)
         self.sleep_state.check_score()

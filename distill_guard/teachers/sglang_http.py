@@ -95,10 +95,10 @@ class SGLangHTTPTeacher(TrackedTeacher):
         self.admin_timeout_s = admin_timeout_s
         self.max_retries = max_retries
         self.retry_backoff_s = retry_backoff_s
-        self._vocab_size = vocab_size
-        self._tags_supported = tags_supported
         if tags_supported is not None:
             self.sleep_state.tags_supported = tags_supported
+        self._tags_supported = tags_supported
+        self._vocab_size = vocab_size
         self._info_path: str | None = None
         self._model_path: str | None = None
         key = os.environ.get(api_key_env) if api_key_env else None
