@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
-from distill_guard.checks import Check
+from distill_guard.checks import Check, default_checks
 from distill_guard.findings import Finding, Severity
-from distill_guard.guard import DistillGuard, default_checks
+from distill_guard.guard import DistillGuard
 from distill_guard.observations import RunSpec
 
 

@@ -17,8 +17,6 @@ from distill_guard.teachers import SGLangHTTPTeacher, TorchTeacher
 from distill_guard.testing.servers import child_env, reference_subprocess, reference_teacher
 from distill_guard.testing.tiny import build_tiny_qwen3
 
-torch.set_num_threads(1)  # tiny models: thread wake-ups cost more than the math
-
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -16,8 +16,6 @@ from distill_guard.live.canary import Canary
 from distill_guard.teachers import SGLangHTTPTeacher, TorchTeacher
 from distill_guard.testing.tiny import build_tiny_qwen3
 
-torch.set_num_threads(1)
-
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:

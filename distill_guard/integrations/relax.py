@@ -522,11 +522,11 @@ def wrap_teacher_manager(manager: Any, relax_guard: RelaxGuard | None = None) ->
         @functools.wraps(fn)
         def wrapped(*a: Any, **k: Any) -> Any:
             out: list[Any] = []
-            call = lambda: out.append(fn(*a, **k))  # noqa: E731
-            if before:
-                st().sleep(call)
-            else:
-                st().wake(call)
+
+            def host_call() -> None:  # Relax's own offload/onload, run inside the guard's step
+                out.append(fn(*a, **k))
+
+            (st().sleep if before else st().wake)(host_call)
             return out[0] if out else None
 
         wrapped.__distill_guard__ = True  # type: ignore[attr-defined]

@@ -39,6 +39,7 @@ from distill_guard.checks.canary import CanaryCheck
 from distill_guard.consensus import DistributedReducer
 from distill_guard.observations import RunSpec
 from distill_guard.policy import Action, Decision, Policy
+from distill_guard.signals import entropy_from_logits
 from distill_guard.teachers import TorchTeacher
 
 NO_MULTICAST = {
@@ -499,8 +500,8 @@ def topk_jsd(
     def kl(x: torch.Tensor) -> torch.Tensor:
         return (torch.special.xlogy(x, x) - torch.special.xlogy(x, m)).sum(-1)
 
-    entropy = -(s_lp.exp() * s_lp).sum(-1).mean()
-    return (beta * kl(t) + (1 - beta) * kl(s)).mean(), entropy.detach()
+    entropy = entropy_from_logits(student_logits.detach()).mean()
+    return (beta * kl(t) + (1 - beta) * kl(s)).mean(), entropy
 
 
 def _with_tail(lp: torch.Tensor) -> torch.Tensor:

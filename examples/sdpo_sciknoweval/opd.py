@@ -13,6 +13,7 @@ from typing import NamedTuple
 import torch
 from transformers import PreTrainedModel
 
+from distill_guard.signals import entropy_from_logits
 from examples.sdpo_sciknoweval.data import MCQItem, score
 from examples.sdpo_sciknoweval.tokenizer import WordTokenizer
 
@@ -146,12 +147,6 @@ def jsd_topk_tail_loss(
     return per_token, _masked_mean(per_token, mask)
 
 
-def token_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """Full-vocabulary entropy in nats of each ``[..., V]`` logit row, in float32."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return -(logp.exp() * logp).sum(-1)
-
-
 def student_stats(logits: torch.Tensor, mask: torch.Tensor, rollout: Rollout, eos_id: int) -> dict:
     """Entropy (masked mean over response tokens), EOS probability and truncation of a batch.
 
@@ -159,8 +154,9 @@ def student_stats(logits: torch.Tensor, mask: torch.Tensor, rollout: Rollout, eo
     any of its response positions: it falls toward 0 when the student stops wanting to stop.
     """
     with torch.no_grad():
-        entropy = _masked_mean(token_entropy(logits), mask)
-        p_eos = torch.softmax(logits.float(), dim=-1)[..., eos_id].masked_fill(~mask, 0.0)
+        entropy = _masked_mean(entropy_from_logits(logits), mask)
+        lse = torch.logsumexp(logits.float(), dim=-1)
+        p_eos = (logits[..., eos_id].float() - lse).exp().masked_fill(~mask, 0.0)
     return {
         "student_entropy": entropy.item(),
         "eos_prob": p_eos.max(dim=1).values.mean().item(),

@@ -20,9 +20,10 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
+from distill_guard.signals import entropy_from_logits
 from examples.sdpo_sciknoweval.data import DataConfig, MCQItem, build_dataset
 from examples.sdpo_sciknoweval.models import ModelSize, build_model, load_model, save_model
-from examples.sdpo_sciknoweval.opd import evaluate, prompt_ids, response_logits, token_entropy
+from examples.sdpo_sciknoweval.opd import evaluate, prompt_ids, response_logits
 from examples.sdpo_sciknoweval.tokenizer import WordTokenizer, build_tokenizer
 
 
@@ -100,7 +101,7 @@ def answer_stats(model: PreTrainedModel, items: list[MCQItem], tokenizer: WordTo
     logits, mask = response_logits(model, prompt_ids(items, tokenizer), targets)
     return {
         "accuracy": evaluate(model, items, tokenizer),
-        "answer_entropy": token_entropy(logits)[mask].mean().item(),
+        "answer_entropy": entropy_from_logits(logits)[mask].mean().item(),
     }
 
 

@@ -26,3 +26,35 @@ def test_core_and_plain_integrations_do_not_import_frameworks():
     }
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+def _imports(code: str) -> list[str]:
+    """Run ``code`` in a fresh interpreter; the heavy modules it left imported."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    probe = code + "\nimport sys\nprint(' '.join(m for m in HEAVY if m in sys.modules))"
+    out = subprocess.run(
+        [sys.executable, "-c", f"HEAVY = {HEAVY!r}\n{probe}"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()
+
+
+HEAVY = ("httpx", "fastapi", "uvicorn", "hydra", "transformers", "lightning", "wandb", "sglang")
+
+
+def test_checks_are_pure_and_import_no_client():
+    assert _imports("import distill_guard.checks") == []
+
+
+def test_the_package_and_its_teachers_need_only_torch_until_used():
+    assert (
+        _imports("import distill_guard, distill_guard.teachers, distill_guard.live.colocate") == []
+    )
+    assert _imports("from distill_guard.teachers import SGLangHTTPTeacher") == ["httpx"]
+    assert "hydra" in _imports("from distill_guard import build_guard")

@@ -17,9 +17,6 @@ from distill_guard.teachers import ScoreResult, SGLangHTTPTeacher, TeacherUnreac
 from distill_guard.testing.servers import reference_teacher
 from distill_guard.testing.tiny import build_tiny_qwen3
 
-# Tiny models on 2 busy cores: thread wake-ups cost more than the math (~20 ms per linear).
-torch.set_num_threads(1)
-
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -120,13 +120,11 @@ def test_relax_deterministic_flag_and_fsdp_target() -> None:
 
 
 def test_preflight_of_a_live_teacher(tmp_path) -> None:
-    import torch
 
     from distill_guard.live.preflight import preflight_teacher
     from distill_guard.teachers import TorchTeacher
     from distill_guard.testing.tiny import build_tiny_qwen3
 
-    torch.set_num_threads(1)
     d = build_tiny_qwen3(tmp_path, vocab_size=64)
     assert Code.CONFIG_NO_WEIGHTS_BACKUP in codes(
         preflight_teacher(TorchTeacher.from_pretrained(d))

@@ -15,8 +15,6 @@ from distill_guard.teachers import SGLangHTTPTeacher, TorchTeacher
 from distill_guard.testing.servers import reference_teacher
 from distill_guard.testing.tiny import build_tiny_qwen3
 
-torch.set_num_threads(1)  # tiny models: thread wake-ups cost more than the math
-
 SEQ = [list(range(5, 60))]
 
 

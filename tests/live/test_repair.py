@@ -15,8 +15,6 @@ from distill_guard.live.repair import RepairOutcome, repair_teacher
 from distill_guard.teachers import TeacherError, TorchTeacher
 from distill_guard.testing.tiny import build_tiny_qwen3
 
-torch.set_num_threads(1)  # tiny models: thread wake-ups cost more than the math
-
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:

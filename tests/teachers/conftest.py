@@ -7,14 +7,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 from distill_guard.teachers import TorchTeacher
 from distill_guard.testing.servers import reference_teacher
 from distill_guard.testing.tiny import QWEN3_VOCAB, build_tiny_qwen3
-
-# Tiny models on 2 busy cores: thread wake-ups cost more than the math (~20 ms per linear).
-torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

@@ -8,20 +8,18 @@ from hypothesis import strategies as st
 from examples.sdpo_sciknoweval.data import build_dataset
 from examples.sdpo_sciknoweval.models import ModelSize, build_model
 from examples.sdpo_sciknoweval.opd import (
+    Rollout,
     evaluate,
     jsd_topk_tail_loss,
     prompt_ids,
     response_logits,
     sample_responses,
-    token_entropy,
+    student_stats,
 )
 from examples.sdpo_sciknoweval.tokenizer import build_tokenizer
+from tests._reference import binary_entropy64
 
 SETTINGS = settings(max_examples=60, deadline=None)
-
-
-def binary_entropy(beta: float) -> float:
-    return -beta * math.log(beta) - (1 - beta) * math.log(1 - beta)
 
 
 def random_case(seed: int, n: int, vocab: int, k: int, scale: float):
@@ -41,12 +39,12 @@ def random_case(seed: int, n: int, vocab: int, k: int, scale: float):
     scale=st.floats(0.0, 30.0),
     beta=st.floats(0.01, 0.99),
 )
-def test_jsd_lies_between_zero_and_the_binary_entropy(seed, vocab, k, scale, beta):
+def test_jsd_lies_between_zero_and_the_binary_entropy64(seed, vocab, k, scale, beta):
     student, ids, values = random_case(seed, 8, vocab, min(k, vocab), scale)
     per_token, mean = jsd_topk_tail_loss(student, ids, values, beta)
     assert per_token.dtype == torch.float32 and torch.isfinite(per_token).all()
     assert (per_token >= -1e-6).all()
-    assert (per_token <= binary_entropy(beta) + 1e-5).all()
+    assert (per_token <= binary_entropy64(beta) + 1e-5).all()
     assert mean == pytest.approx(per_token.mean().item(), abs=1e-6)
 
 
@@ -81,8 +79,14 @@ def test_masked_mean_ignores_masked_tokens_and_beta_must_be_inside():
         jsd_topk_tail_loss(student, ids, values, 1.0)
 
 
-def test_entropy_of_uniform_logits_is_ln_v():
-    assert token_entropy(torch.zeros(3, 1000)).sub(math.log(1000)).abs().max() < 1e-4
+def test_student_stats_read_entropy_and_eos_from_the_package_signals():
+    logits = torch.zeros(2, 3, 1000)  # uniform student: entropy ln V, p(EOS) = 1/V everywhere
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    rollout = Rollout(responses=[[1, 2], [3]], truncated=[False, True])
+    stats = student_stats(logits, mask, rollout, eos_id=7)
+    assert stats["student_entropy"] == pytest.approx(math.log(1000), abs=1e-4)
+    assert stats["eos_prob"] == pytest.approx(1 / 1000, rel=1e-4)
+    assert stats["truncated_ratio"] == 0.5
 
 
 @pytest.fixture(scope="module")
