@@ -1,81 +1,86 @@
 #!/usr/bin/env bash
-# SDPO on SciKnowEval Biology: Qwen3-8B student and teacher, 4 GPUs, colocated teacher, with
-# distill_guard in. The flags are those of Relax's
-# examples/on_policy_distillation/sdpo/run-sciknoweval-biology-4xgpu-colocate.sh (@6bc26c5);
-# the guard adds its hooks (GUARD_ARGS) and its environment (DISTILL_GUARD_*).
+# SDPO on SciKnowEval Biology, guarded: Relax's own recipe
+#   redai-infra/Relax @6bc26c5 examples/on_policy_distillation/sdpo/run-sciknoweval-biology-4xgpu-colocate.sh
+# (its flags recorded in flags/recipe-sdpo-biology-6bc26c5.flags) with distill_guard's hooks and settings.
+# For the SDPO line of Relax (redai-infra/Relax @6bc26c5). Current redai-studio/Relax has no
+# --opd-feedback-class and no sdpo/ directory: use run-opd-guarded-redai-studio.sh there.
 #
-# Run from the root of a Relax checkout, with distill_guard installed in the same environment:
-#   STUDENT_MODEL_PATH=/models/Qwen3-8B bash run-sciknoweval-biology-4xgpu-colocate-guarded.sh
-# DRY_RUN=1 prints the command instead of running it.
+# From the root of a Relax checkout (or with RELAX_DIR=/path/to/Relax), distill_guard installed in
+# the environment Relax runs in:
+#   STUDENT_MODEL_PATH=/models/Qwen3-8B SDPO_DATA_ROOT=/data/sdpo WANDB_API_KEY=... \
+#     bash /path/to/distill_guard/examples/relax/run-sciknoweval-biology-4xgpu-colocate-guarded.sh
+# DRY_RUN=1 prints the exported environment (NAME=value lines) and the command, and runs nothing.
+# TEACHER_CPU_BACKUP=0 drops the teacher's weights CPU backup: the teacher then wakes with lost
+# weights every step (docs/invariants.md), which is what the guard is for.
+#
+# Every flag of the recipe is passed as the recipe passes it, except these (the test reads them):
+#   changed --opd-feedback-class: relax.utils.opd.sdpo.feedback.GoldenAnswerSDPOFeedback becomes
+#     distill_guard.integrations.relax.GuardedGoldenAnswerSDPOFeedback, a subclass of it that also
+#     checks every sample's teacher top-K (the per-sample "feedback" gate), configured by the added
+#     --opd-feedback-kwargs '{"guard_on_collapse": "mask"}' (mask the sample; "raise" stops the run).
+#   changed --teacher-sglang-enable-weights-cpu-backup: passed only with TEACHER_CPU_BACKUP=1 (the
+#     default, as in the recipe); TEACHER_CPU_BACKUP=0 leaves it out to reproduce the failure.
+# Added, not in the recipe:
+#   --opd-feedback-kwargs: the guarded feedback class's settings (above).
+#   --save "$SAVE_DIR" --save-interval "$SAVE_INTERVAL" (default 50): the guard's halt checkpoints
+#     every trainer rank through Relax's own save, which writes to --save; the recipe saves nothing.
+#   --dynamic-sampling-filter-path, --custom-megatron-before-train-step-hook-path,
+#   --custom-rollout-log-function-path, --custom-eval-rollout-log-function-path: the guard's hooks.
+# Not flags: MODEL_ARGS come from $RELAX_DIR/scripts/models/qwen3-8B.sh and the recipe's
+# examples/on_policy_distillation/sdpo/env.sh is sourced when present, as the recipe does (under
+# DRY_RUN without a checkout, stand-in Qwen3-8B flags are printed: see guard-common.sh). DRY_RUN
+# prints the --wandb-key value as REDACTED.
+# Environment: besides the DISTILL_GUARD_* settings, RELAX_OPD_PER_POS_TOKEN_IDS (set by the recipe) is
+# appended to RELAX_PROPAGATE_ENV_VARS, as Relax's later SDPO launchers do, so that the Ray actors
+# starting the SGLang engines see it too.
 set -euo pipefail
 
-RELAX_DIR=${RELAX_DIR:-$(pwd)}
-STUDENT_MODEL_PATH=${STUDENT_MODEL_PATH:?set STUDENT_MODEL_PATH to a Qwen3-8B checkpoint}
-TEACHER_MODEL_PATH=${TEACHER_MODEL_PATH:-$STUDENT_MODEL_PATH}
-DATA_DIR=${DATA_DIR:-/root/data/sciknoweval/biology}  # prepare_data.py --dataset sciknoweval --domain biology --eval-ratio 0.1
-SAVE_DIR=${SAVE_DIR:-/root/ckpt/sdpo-sciknoweval-biology-guarded}
-# Relax's training entry point, as the original launcher calls it (check your checkout).
-RELAX_TRAIN=${RELAX_TRAIN:-train.py}
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=guard-common.sh
+source "${HERE}/guard-common.sh"
 
-# Relax's launcher passes --teacher-sglang-enable-weights-cpu-backup: the workaround. With
-# TEACHER_CPU_BACKUP=0 the teacher wakes with zeroed weights every step (the failure of
-# docs/invariants.md §1) and the guard repairs it and keeps the poisoned samples out of the loss.
-TEACHER_CPU_BACKUP=${TEACHER_CPU_BACKUP:-1}
+RELAX_DIR="$(cd "${RELAX_DIR:-$(pwd)}" && pwd)"
+cd "${RELAX_DIR}"
+TEACHER_CPU_BACKUP="${TEACHER_CPU_BACKUP:-1}"
+case "${TEACHER_CPU_BACKUP}" in 0 | 1) ;; *) guard_die "TEACHER_CPU_BACKUP must be 0 or 1" ;; esac
+GUARD_ON_COLLAPSE="${GUARD_ON_COLLAPSE:-mask}"
+case "${GUARD_ON_COLLAPSE}" in mask | raise) ;; *) guard_die "GUARD_ON_COLLAPSE must be mask or raise" ;; esac
 
-# ---- distill_guard -------------------------------------------------------------------------
-# Preset: default (repair, then halt after 3 bad steps) | strict | monitor_only (alerts only).
-export DISTILL_GUARD_PRESET=${DISTILL_GUARD_PRESET:-default}
-# Qwen3's vocabulary makes the -ln V test exact; beta is --opd-jsd-alpha (read from the args too).
-export DISTILL_GUARD_OVERRIDES="run.vocab_size=151936 run.beta=0.5 ${DISTILL_GUARD_OVERRIDES:-}"
-# Event file (JSONL: findings, decisions, repairs, alerts, halt) and halt marker next to it.
-export DISTILL_GUARD_EVENTS=${DISTILL_GUARD_EVENTS:-${SAVE_DIR}/distill_guard.jsonl}
-# raise: a halt fails the rollout, so the poisoned step never trains (last periodic checkpoint
-# kept). mark: the rollout is masked and every trainer rank checkpoints, then stops.
-export DISTILL_GUARD_HALT=${DISTILL_GUARD_HALT:-raise}
-# The guard repairs the teacher at --opd-teacher-url (set by Relax for its managed teacher).
-# Per-sample check in the SDPO feedback: mask (drop a uniform sample, let the rollout hook repair
-# the teacher) or raise (fail the step at the first uniform sample).
-GUARD_FEEDBACK_MODE=${GUARD_FEEDBACK_MODE:-mask}
-
-GUARD_ARGS=(
-  --custom-rollout-log-function-path distill_guard.integrations.relax.rollout_log_function
-  --custom-eval-rollout-log-function-path distill_guard.integrations.relax.eval_rollout_log_function
-)
-if [ "${DISTILL_GUARD_HALT}" = "mark" ]; then
-  GUARD_ARGS+=(--custom-megatron-before-train-step-hook-path
-               distill_guard.integrations.relax.before_train_step_hook)
-fi
-
-# ---- Relax's recipe ----------------------------------------------------------------------
-MODEL_ARGS=()
-if [ -f "${RELAX_DIR}/scripts/models/qwen3-8B.sh" ]; then
+# ---- Relax's recipe ------------------------------------------------------------------------------
+guard_model_args
+if [ -f examples/on_policy_distillation/sdpo/env.sh ]; then
   # shellcheck disable=SC1091
-  source "${RELAX_DIR}/scripts/models/qwen3-8B.sh"  # defines MODEL_ARGS
-elif [ -z "${DRY_RUN:-}" ]; then
-  echo "run from a Relax checkout (scripts/models/qwen3-8B.sh not found under ${RELAX_DIR})" >&2
-  exit 1
+  source examples/on_policy_distillation/sdpo/env.sh
 fi
-if [ -f "${RELAX_DIR}/examples/on_policy_distillation/sdpo/env.sh" ]; then
-  # shellcheck disable=SC1091
-  source "${RELAX_DIR}/examples/on_policy_distillation/sdpo/env.sh"
-fi
+
+export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-1}"
+
 export RELAX_OPD_PER_POS_TOKEN_IDS=1
+guard_propagate RELAX_OPD_PER_POS_TOKEN_IDS
 
-RESOURCE_ARGS=(
-  --resource '{"actor":[1,4],"rollout":[1,3],"teacher":[1,1]}'
-  --colocate
-  --tensor-model-parallel-size 4
-  --rollout-num-gpus 3
-  --rollout-num-gpus-per-engine 1
-  --teacher-num-gpus-per-engine 1
-  --teacher-sglang-mem-fraction-static 0.5
-  --sglang-mem-fraction-static 0.45
-  --sglang-load-format dummy
+if guard_dry_run; then
+  SDPO_DATA_ROOT="${SDPO_DATA_ROOT:-<SDPO_DATA_ROOT>}"
+  WANDB_API_KEY="${WANDB_API_KEY:-<WANDB_API_KEY>}"
+fi
+student_model="${STUDENT_MODEL_PATH:?Set STUDENT_MODEL_PATH}"
+teacher_model="${TEACHER_MODEL_PATH:-${student_model}}"
+data_path="${DATA_PATH:-${SDPO_DATA_ROOT:?Set SDPO_DATA_ROOT}/sciknoweval/biology/train.jsonl}"
+eval_path="${EVAL_PATH:-${SDPO_DATA_ROOT:?Set SDPO_DATA_ROOT}/sciknoweval/biology/eval.jsonl}"
+now="$(date '+%Y-%m-%d-%H:%M:%S')"
+experiment_name="${EXPERIMENT_NAME:-sdpo-sciknoweval-biology-${now}}"
+SAVE_DIR="${SAVE_DIR:-${RELAX_DIR}/save/${experiment_name}}"
+SAVE_INTERVAL="${SAVE_INTERVAL:-50}"
+
+CKPT_ARGS=(
+  --hf-checkpoint "${student_model}"
+  --megatron-to-hf-mode bridge
+  --attention-backend flash
+  --save "${SAVE_DIR}"
+  --save-interval "${SAVE_INTERVAL}"
 )
 
 ROLLOUT_ARGS=(
-  --hf-checkpoint "${STUDENT_MODEL_PATH}"  # the student (slime-lineage flag)
-  --prompt-data "${DATA_DIR}/train.jsonl"
+  --prompt-data "${data_path}"
   --input-key prompt
   --label-key label
   --metadata-key metadata
@@ -95,16 +100,23 @@ ROLLOUT_ARGS=(
 
 EVAL_ARGS=(
   --eval-interval 5
-  --eval-prompt-data sciknoweval-biology "${DATA_DIR}/eval.jsonl"
+  --eval-prompt-data sciknoweval-biology "${eval_path}"
   --n-samples-per-eval-prompt 16
 )
 
 OPD_ARGS=(
   --use-opd
   --opd-feedback-class distill_guard.integrations.relax.GuardedGoldenAnswerSDPOFeedback
-  --opd-feedback-kwargs "{\"guard_vocab_size\": 151936, \"guard_on_collapse\": \"${GUARD_FEEDBACK_MODE}\"}"
+  --opd-feedback-kwargs "{\"guard_on_collapse\": \"${GUARD_ON_COLLAPSE}\"}"
   --opd-type sglang
-  --teacher-hf-checkpoint "${TEACHER_MODEL_PATH}"
+  --teacher-hf-checkpoint "${teacher_model}"
+  --teacher-num-gpus-per-engine 1
+  --teacher-sglang-mem-fraction-static 0.5
+)
+if [ "${TEACHER_CPU_BACKUP}" = 1 ]; then
+  OPD_ARGS+=(--teacher-sglang-enable-weights-cpu-backup)
+fi
+OPD_ARGS+=(
   --opd-loss-coef 1.0
   --opd-kl-coef 0.0
   --opd-disable-rl-reward
@@ -116,45 +128,77 @@ OPD_ARGS=(
   --opd-teacher-timeout-s 600
   --use-rollout-logprobs
 )
-if [ "${TEACHER_CPU_BACKUP}" = "1" ]; then
-  OPD_ARGS+=(--teacher-sglang-enable-weights-cpu-backup)
-fi
 
 GRPO_ARGS=(
   --advantage-estimator grpo
   --eps-clip 0.2
   --eps-clip-high 0.28
-  --calculate-per-token-loss
 )
 
 OPTIMIZER_ARGS=(
+  --optimizer adam
   --lr 1e-6
   --lr-decay-style constant
+  --weight-decay 0.01
   --clip-grad 1.0
 )
 
-# Megatron's checkpoint flags (not in Relax's launcher): the guard's halt keeps what is saved here.
-CKPT_ARGS=(
-  --save "${SAVE_DIR}"
-  --save-interval 20
+PERF_ARGS=(
+  --tensor-model-parallel-size 4
+  --context-parallel-size 1
+  --pipeline-model-parallel-size 1
+  --calculate-per-token-loss
+  --no-masked-softmax-fusion
+  --optimizer-cpu-offload
+  --selective-offload
+  --use-precision-aware-optimizer
+  --recompute-granularity full
+  --recompute-method uniform
+  --recompute-num-layers 1
+  --qkv-format bshd
+  --micro-batch-size 1
+)
+
+SGLANG_ARGS=(
+  --rollout-num-gpus 3
+  --rollout-num-gpus-per-engine 1
+  --sglang-load-format dummy
+  --sglang-mem-fraction-static 0.45
+)
+
+MISC_ARGS=(
+  --resource '{"actor": [1, 4], "rollout": [1, 3], "teacher": [1, 1]}'
+  --max-staleness 0
+  --num-data-storage-units 1
+  --colocate
+  --train-env-vars '{"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}'
+  --use-health-check
+  --actor-num-gpus-per-node 4
+  --num-gpus-per-node 4
+  --tb-experiment-name "${experiment_name}"
 )
 
 WANDB_ARGS=(
   --use-wandb
   --wandb-project relax-sdpo
+  --wandb-group "${WANDB_RUN_GROUP:-sdpo-sciknoweval-biology}"
+  --wandb-key "${WANDB_API_KEY}"
 )
 
-CMD=(python3 "${RELAX_TRAIN}"
-  "${MODEL_ARGS[@]}" "${RESOURCE_ARGS[@]}" "${ROLLOUT_ARGS[@]}" "${EVAL_ARGS[@]}"
-  "${OPD_ARGS[@]}" "${GRPO_ARGS[@]}" "${OPTIMIZER_ARGS[@]}" "${CKPT_ARGS[@]}" "${WANDB_ARGS[@]}"
-  "${GUARD_ARGS[@]}")
+# ---- distill_guard -------------------------------------------------------------------------------
+guard_env filter,train_step,log,feedback
+HOOKS=distill_guard.integrations.relax
+GUARD_ARGS=(
+  --dynamic-sampling-filter-path "${HOOKS}.dynamic_sampling_filter"
+  --custom-megatron-before-train-step-hook-path "${HOOKS}.before_train_step_hook"
+  --custom-rollout-log-function-path "${HOOKS}.rollout_log_function"
+  --custom-eval-rollout-log-function-path "${HOOKS}.eval_rollout_log_function"
+)
 
-if [ -n "${DRY_RUN:-}" ]; then
-  env | grep -E '^(DISTILL_GUARD_|RELAX_OPD_)' | sort
-  printf '%q ' "${CMD[@]}"
-  echo
-  exit 0
-fi
-mkdir -p "${SAVE_DIR}"
-cd "${RELAX_DIR}"
-exec "${CMD[@]}"
+GUARD_EXPORTS=(CUDA_DEVICE_MAX_CONNECTIONS RELAX_OPD_PER_POS_TOKEN_IDS)
+guard_run python -m relax.entrypoints.train \
+  "${MODEL_ARGS[@]}" \
+  "${CKPT_ARGS[@]}" "${ROLLOUT_ARGS[@]}" "${EVAL_ARGS[@]}" \
+  "${OPD_ARGS[@]}" "${GRPO_ARGS[@]}" "${OPTIMIZER_ARGS[@]}" \
+  "${PERF_ARGS[@]}" "${SGLANG_ARGS[@]}" "${MISC_ARGS[@]}" \
+  "${WANDB_ARGS[@]}" "${GUARD_ARGS[@]}"

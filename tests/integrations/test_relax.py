@@ -1,111 +1,93 @@
-"""Relax hooks: exact signatures, and Sample-like objects with uniform and healthy teacher logprobs."""
+"""Relax: the gates, each alone, and the whole run in Relax's own step order (relax_harness).
+
+The harness runs what the trainer really consumes: a queued copy of each step's data, read by two
+gloo trainer ranks, with the teacher slept and woken by Relax's own handle over loopback HTTP.
+"""
 
 from __future__ import annotations
 
-import enum
 import importlib
 import inspect
-import json
 import math
 from argparse import Namespace
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 import torch
 
-from distill_guard.events import read_events
+from distill_guard.events import EventLog
 from distill_guard.integrations import relax
-from distill_guard.live.canary import Canary
+from distill_guard.integrations.relax import samples as fields
+from distill_guard.integrations.relax.trainer import TrainerGate, board_for, skip_next_update
+from distill_guard.integrations.relax.verdicts import StepVerdict, Verdict, VerdictBoard
 from distill_guard.observations import LossKind
-from distill_guard.teachers import SGLangHTTPTeacher, TorchTeacher
-from distill_guard.testing.reference_server import ReferenceServer, serve_in_thread
 from distill_guard.testing.tiny import build_tiny_qwen3
 
-from ._tiny import VOCAB, events
+from . import relax_harness as harness
 
-PROMPT, RESPONSE = 6, 10
-UNIFORM = -math.log(VOCAB)
-
-
-class Status(enum.Enum):
-    COMPLETED = "completed"
-    TRUNCATED = "truncated"
-
-
-@dataclass
-class Sample:
-    """The fields of Relax's Sample the guard reads (docs/relax.md §1.2, §3)."""
-
-    tokens: list[int]
-    response_length: int
-    teacher_log_probs: list[float] | None = None
-    loss_mask: list[int] | None = None
-    status: Status = Status.COMPLETED
-    reward: float = 0.0
-    metadata: dict = field(default_factory=dict)
-    rollout_tokens: list[int] | None = None
-
-
-@dataclass
-class SDPOSample(Sample):
-    opd_topk_teacher_log_probs: list[list[float]] | None = None
-    opd_topk_token_ids: list[list[int]] | None = None
-    opd_sample_mask: bool = True
-
-
-def make_samples(teacher, n=4, seed=0, cls=Sample, top_k=0):
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(n):
-        ids = torch.randint(1, VOCAB, (PROMPT + RESPONSE,), generator=g).tolist()
-        res = teacher.score([ids], top_k=top_k, logprob_start_len=PROMPT - 1)
-        s = cls(ids, RESPONSE, res.token_logprobs[0].tolist(), loss_mask=[1] * RESPONSE)
-        if top_k:
-            s.opd_topk_teacher_log_probs = res.topk_logprobs[0].tolist()
-            s.opd_topk_token_ids = res.topk_ids[0].tolist()
-        out.append(s)
-    return out
-
-
-def uniform_samples(n=4, cls=Sample):
-    g = torch.Generator().manual_seed(1)
-    return [
-        cls(
-            torch.randint(1, VOCAB, (PROMPT + RESPONSE,), generator=g).tolist(),
-            RESPONSE,
-            [UNIFORM] * RESPONSE,
-            loss_mask=[1] * RESPONSE,
-        )
-        for _ in range(n)
-    ]
-
-
-ARGS = Namespace(
-    opd_token_selection="student_sampled",
-    opd_log_prob_top_k=0,
-    opd_kl_type="jsd",
-    opd_jsd_alpha=0.5,
-    opd_teacher_url=None,
-)
+UNIFORM = -math.log(harness.VOCAB)
 
 
 @pytest.fixture(autouse=True)
-def _fresh(monkeypatch):
-    for var in ("DISTILL_GUARD_PRESET", "DISTILL_GUARD_OVERRIDES", "DISTILL_GUARD_EVENTS"):
-        monkeypatch.delenv(var, raising=False)
+def _fresh():
     relax.reset()
     yield
     relax.reset()
 
 
-def overrides(tmp_path, *extra):
-    return [f"events_path={tmp_path / 'events.jsonl'}", "alerts.use_wandb=false", *extra]
+@pytest.fixture(scope="module")
+def teacher_dir(tmp_path_factory):
+    return build_tiny_qwen3(
+        tmp_path_factory.mktemp("relax_teacher"),
+        vocab_size=harness.VOCAB,
+        embed_std=0.3,
+        max_positions=64,
+    )
 
 
-def test_hooks_have_relax_exact_signatures():
+@dataclass
+class Sample:
+    tokens: list[int]
+    response_length: int
+    teacher_log_probs: list[float] | None = None
+    loss_mask: list[int] | None = None
+    remove_sample: bool = False
+    opd_sample_mask: bool | None = None
+    teacher_tokens: list[int] | None = None
+
+
+def args_for(**extra):
+    base = {
+        "opd_kl_type": "jsd",
+        "opd_jsd_alpha": 0.5,
+        "opd_token_selection": "student_sampled",
+        "opd_log_prob_top_k": 0,
+        "dynamic_sampling_filter_path": f"{harness.HOOKS}.dynamic_sampling_filter",
+        "custom_rollout_log_function_path": f"{harness.HOOKS}.rollout_log_function",
+        "custom_megatron_before_train_step_hook_path": f"{harness.HOOKS}.before_train_step_hook",
+    }
+    return Namespace(**(base | extra))
+
+
+def configure(tmp_path, args=None, **kw):
+    overrides = [
+        f"run.vocab_size={harness.VOCAB}",
+        f"events_path={tmp_path / 'events.jsonl'}",
+        "alerts.use_wandb=false",
+    ]
+    return relax.use(
+        relax.configure("default", guard_overrides=overrides, args=args or args_for(), **kw)
+    )
+
+
+# ---------------------------------------------------------------------------------- contracts
+
+
+def test_hooks_have_relax_exact_signatures_and_load_by_path():
     def names(fn):
         return list(inspect.signature(fn).parameters)
 
+    assert names(relax.dynamic_sampling_filter) == ["args", "group"]
     assert names(relax.rollout_log_function) == [
         "rollout_id",
         "args",
@@ -124,299 +106,106 @@ def test_hooks_have_relax_exact_signatures():
     ]
     cls = relax.GuardedGoldenAnswerSDPOFeedback
     assert names(cls.check_transfer_channels) == ["self", "sample", "channels", "top_k"]
-    assert names(cls.check_student_topk_ids) == ["self", "sample", "top_k"]
-    # loadable the way Relax loads function paths: module + attribute
-    mod, _, attr = "distill_guard.integrations.relax.GuardedGoldenAnswerSDPOFeedback".rpartition(
-        "."
-    )
-    assert getattr(importlib.import_module(mod), attr) is cls
+    for path in (
+        "distill_guard.integrations.relax.dynamic_sampling_filter",
+        "distill_guard.integrations.relax.before_train_step_hook",
+        "distill_guard.integrations.relax.GuardedGoldenAnswerSDPOFeedback",
+    ):
+        mod, _, attr = path.rpartition(".")
+        assert getattr(importlib.import_module(mod), attr) is not None
 
 
-@pytest.fixture(scope="module")
-def teacher_dir(tmp_path_factory):
-    """The tiny teacher on disk: what ``reload_weights`` reads back."""
-    return build_tiny_qwen3(
-        tmp_path_factory.mktemp("relax_teacher"), vocab_size=VOCAB, embed_std=0.3, max_positions=64
-    )
+def test_teacher_inputs_follow_relax_for_plain_opd_and_for_opsd_sdpo():
+    plain = Sample(list(range(1, 17)), 10)
+    assert fields.teacher_inputs(plain) == (list(range(1, 17)), 5)
+    sdpo = Sample(list(range(1, 17)), 10, teacher_tokens=[7] * 9 + list(range(7, 17)))
+    ids, start = fields.teacher_inputs(sdpo)
+    assert ids == sdpo.teacher_tokens and start == 19 - 10 - 1  # len(teacher_tokens) - R - 1
 
 
-@pytest.fixture
-def teacher(teacher_dir):
-    """A real TorchTeacher with the memory saver on and no weights CPU backup: each release and
-    resume leaves zeroed weights, and a reload from its checkpoint brings them back."""
-    return TorchTeacher.from_pretrained(teacher_dir, enable_cpu_backup=False)
+def test_mask_out_keeps_a_sample_out_of_every_loss_and_unmask_restores_it():
+    s = Sample([1] * 16, 10, loss_mask=[1] * 10, opd_sample_mask=True)
+    assert fields.mask_out([s]) == 1
+    assert s.remove_sample and s.loss_mask == [0] * 10 and s.opd_sample_mask is False
+    # the values are still judged at the positions the loss used before the mask
+    s.teacher_log_probs = [UNIFORM] * 10
+    assert fields.teacher_values(s).token.numel() == 10
+    assert fields.unmask(s) and s.loss_mask == [1] * 10 and s.opd_sample_mask is True
+    assert not s.remove_sample and not fields.unmask(s)
 
 
-def lose_weights(teacher):
-    """The colocated sleep and wake without a backup, done outside the guard (by Relax)."""
-    teacher.release()
-    teacher.resume()
+# ---------------------------------------------------------------------------------- setup
 
 
-def reloads(tmp_path):
-    return sum(e["kind"] == "repair.reload" for e in read_events(tmp_path / "events.jsonl"))
+def test_a_gate_the_launcher_wired_but_relax_ignored_is_refused(tmp_path):
+    with pytest.raises(relax.GuardSetupError, match="--opd-feedback-class") as err:
+        configure(tmp_path, gates=["filter", "train_step", "feedback"])
+    assert "this Relax has no such argument" in str(err.value)
+    args = args_for(dynamic_sampling_filter_path="relax.engine.filters.x.check_reward_nonzero_std")
+    with pytest.raises(relax.GuardSetupError, match="--dynamic-sampling-filter-path"):
+        configure(tmp_path, args=args, gates=["filter"])
 
 
-def test_healthy_step_adds_metrics_and_changes_nothing(tmp_path, teacher):
-    relax.configure(
-        "default", guard_overrides=overrides(tmp_path), args=ARGS, teacher=teacher, repair=False
-    )
-    samples = make_samples(teacher)
-    before = [list(s.teacher_log_probs) for s in samples]
-    metrics = {}
-    assert relax.rollout_log_function(0, ARGS, samples, metrics, 1.0) is False
-    assert metrics["guard/action"] == 0.0 and metrics["guard/halted"] == 0.0
-    assert metrics["guard/teacher_uniform_sample_frac"] == 0.0
-    assert metrics["guard/samples"] == 4 and -10 < metrics["guard/teacher_logprob_mean"] < 0
-    assert [s.teacher_log_probs for s in samples] == before
-    assert all(s.loss_mask == [1] * RESPONSE for s in samples)
-    assert [
-        e for e in events(tmp_path / "events.jsonl") if e.get("severity") in ("warn", "critical")
-    ] == []
-    st = relax.state()
-    assert st.guard.run.vocab_size == VOCAB and st.guard.run.loss is LossKind.JSD
-
-
-def test_uniform_teacher_without_repair_masks_then_halts(tmp_path):
-    relax.configure(
-        "default",
-        guard_overrides=overrides(tmp_path, f"run.vocab_size={VOCAB}"),
-        args=ARGS,
-        repair=False,
-    )
-    for step in range(2):  # unrepaired rewakes: the step's samples leave the loss
-        samples, metrics = uniform_samples(), {}
-        assert relax.rollout_log_function(step, ARGS, samples, metrics, 1.0) is False
-        assert metrics["guard/teacher_uniform_sample_frac"] == 1.0
-        assert metrics["guard/masked_samples"] == 4 and all(
-            s.loss_mask == [0] * RESPONSE for s in samples
-        )
-    samples = uniform_samples()
-    with pytest.raises(relax.GuardHalt, match="teacher.uniform"):
-        relax.rollout_log_function(2, ARGS, samples, {}, 1.0)
-    assert all(s.loss_mask == [0] * RESPONSE for s in samples)
-    marker = json.loads((tmp_path / "events.halt.json").read_text())
-    assert marker["step"] == 2 and "teacher.uniform" in marker["message"]
-    halts = [e for e in events(tmp_path / "events.jsonl") if e["kind"] == "halt"]
-    assert len(halts) == 1 and halts[0]["step"] == 2
-
-
-def test_sdpo_topk_samples_use_the_sample_mask(tmp_path, teacher):
-    args = Namespace(
-        **{**vars(ARGS), "opd_token_selection": "student_topk", "opd_log_prob_top_k": 4}
-    )
-    relax.configure(
-        "default", guard_overrides=overrides(tmp_path), args=args, teacher=teacher, repair=False
-    )
-    healthy = make_samples(teacher, cls=SDPOSample, top_k=4)
-    assert relax.rollout_log_function(0, args, healthy, {}, 1.0) is False
-    assert all(s.opd_sample_mask for s in healthy)
-    lose_weights(teacher)
-    dead = make_samples(teacher, cls=SDPOSample, top_k=4)
-    metrics = {}
-    relax.rollout_log_function(1, args, dead, metrics, 1.0)
-    assert metrics["guard/masked_samples"] == 4 and not any(s.opd_sample_mask for s in dead)
-    assert all(s.loss_mask == [1] * RESPONSE for s in dead)  # the PG loss is left alone
-
-
-def test_repair_and_rescore_in_place(tmp_path, teacher):
-    healthy = make_samples(teacher)
-    expected = [s.teacher_log_probs for s in healthy]
-    st = relax.configure(
-        "default",
-        guard_overrides=overrides(tmp_path),
-        args=ARGS,
-        teacher=teacher,
-        canary=Canary(length=16),
-    )
-    lose_weights(teacher)
-    dead = make_samples(teacher)  # scored by the dead teacher: all -ln V
-    assert all(abs(v - UNIFORM) < 1e-5 for s in dead for v in s.teacher_log_probs)
-    metrics = {}
-    assert relax.rollout_log_function(0, ARGS, dead, metrics, 1.0) is False
-    assert reloads(tmp_path) == 1 and metrics["guard/repairs"] == 1
-    assert metrics["guard/rescored_samples"] == 4 and metrics["guard/masked_samples"] == 0
-    for s, want in zip(dead, expected):
-        assert s.teacher_log_probs == pytest.approx(want, abs=1e-5)
-        assert s.loss_mask == [1] * RESPONSE
-    assert not st.guard.halted
-    resc = [e for e in events(tmp_path / "events.jsonl") if e["kind"] == "rescore"]
-    assert resc == [dict(resc[0], rescored=4, masked=0, verified=True)]
-    # the next step is healthy and quiet again
-    m2 = {}
-    relax.rollout_log_function(1, ARGS, make_samples(teacher, seed=3), m2, 1.0)
-    assert m2["guard/action"] == 0.0
-
-
-def test_student_topk_cannot_be_rescored_so_it_is_masked_after_repair(tmp_path, teacher):
-    args = Namespace(
-        **{**vars(ARGS), "opd_token_selection": "student_topk", "opd_log_prob_top_k": 4}
-    )
-    relax.configure(
-        "default",
-        guard_overrides=overrides(tmp_path),
-        args=args,
-        teacher=teacher,
-        canary=Canary(length=16),
-    )
-    lose_weights(teacher)
-    dead = make_samples(teacher, cls=SDPOSample, top_k=4)
-    metrics = {}
-    relax.rollout_log_function(0, args, dead, metrics, 1.0)
-    assert metrics["guard/repairs"] == 1 and metrics["guard/masked_samples"] == 4
-    assert not any(s.opd_sample_mask for s in dead)
-
-
-def test_lifecycle_wrapper_runs_relax_own_sleep_and_wake_inside_the_guards(tmp_path, teacher_dir):
-    """Relax's TeacherManager holds its own handle on the server and offloads and onloads it
-    itself: the wrapped calls become the guard's colocated step (fingerprint, offload; onload,
-    canary, repair), over real HTTP to a reference server without a weights backup."""
-    local = TorchTeacher.from_pretrained(teacher_dir, enable_cpu_backup=False)
-    with serve_in_thread(ReferenceServer(local)) as url:
-        guard_side, relax_side = SGLangHTTPTeacher(url), SGLangHTTPTeacher(url)
-        st = relax.configure(
-            "default",
-            guard_overrides=overrides(tmp_path),
-            args=ARGS,
-            teacher=guard_side,
-            canary=Canary(length=16),
-        )
-        calls = []
-
-        class Manager:  # Relax's TeacherManager, reduced to its sleep and wake
-            def offload(self):
-                calls.append(("offload", guard_side.asleep))
-                relax_side.release()
-                return "offloaded"
-
-            def onload(self):
-                calls.append(("onload", guard_side.asleep))
-                relax_side.resume()
-
-        m = relax.wrap_teacher_manager(Manager(), st)
-        assert relax.wrap_teacher_manager(m, st) is m  # idempotent
-        assert m.offload() == "offloaded"  # the host's return value passes through
-        assert guard_side.asleep  # the guard's tracked state followed Relax's offload
-        m.onload()
-        assert calls == [("offload", False), ("onload", True)]
-        assert not guard_side.asleep and reloads(tmp_path) == 1
-        # the repair left a healthy teacher: a fresh scoring matches the fingerprint
-        assert st.guard.canary.verify(guard_side) == []
-        assert not st.guard.halted and st.guard.repairs == 1
-        guard_side.close()
-        relax_side.close()
-
-
-def test_eval_hook_feeds_accuracy(tmp_path):
-    relax.configure("default", guard_overrides=overrides(tmp_path), args=ARGS, repair=False)
-    extra = {}
-    data = {
-        "sciknoweval-biology": {"rewards": [1, 0, 1, 1], "truncated": [0, 0, 0, 1], "samples": []}
-    }
-    assert relax.eval_rollout_log_function(5, ARGS, data, extra) is False
-    assert extra == {"guard/eval_action": 0.0}
-
-
-def test_feedback_fails_fast_on_a_uniform_sample(monkeypatch):
-    fb = relax.GuardedGoldenAnswerSDPOFeedback(guard_vocab_size=VOCAB)
-    ok = SDPOSample([1] * 16, RESPONSE)
-    healthy = torch.log_softmax(torch.randn(RESPONSE, VOCAB) * 3, -1).topk(4, -1).values
-    assert fb.check_transfer_channels(ok, {"opd_topk_teacher_log_probs": healthy}, 4) is None
-    uniform = torch.full((RESPONSE, 4), UNIFORM)
-    with pytest.raises(relax.TeacherCollapseError, match="uniform"):
-        fb.check_transfer_channels(ok, {"opd_topk_teacher_log_probs": uniform.numpy()}, 4)
-    # degrade instead of failing: the sample leaves the SDPO loss
-    soft = relax.GuardedGoldenAnswerSDPOFeedback(guard_on_collapse="mask")  # V inferred
-    s = SDPOSample([1] * 16, RESPONSE)
-    soft.check_transfer_channels(s, {"opd_topk_teacher_log_probs": uniform.tolist()}, 4)
-    assert s.opd_sample_mask is False and soft.guard_collapsed == 1
-
-
-def test_before_train_step_hook_saves_then_halts_on_the_marker(tmp_path, monkeypatch):
-    saved = []
-    monkeypatch.setattr(relax, "_megatron_save", lambda *a: saved.append(a[1]))
-    marker = tmp_path / "halt.json"
-    monkeypatch.setenv("DISTILL_GUARD_HALT_MARKER", str(marker))
-    assert relax.before_train_step_hook(ARGS, 7, 0, None, None, None) is None and saved == []
-    marker.write_text(json.dumps({"step": 6, "message": "halt: teacher.uniform"}))
-    with pytest.raises(relax.GuardHalt, match="teacher.uniform"):
-        relax.before_train_step_hook(ARGS, 7, 0, None, None, None)
-    assert saved == [7]
-
-
-def test_mark_mode_writes_the_marker_without_raising(tmp_path):
-    relax.configure(
-        "strict",
-        guard_overrides=overrides(
-            tmp_path, f"run.vocab_size={VOCAB}", "policy.critical_action=HALT"
-        ),
-        args=ARGS,
-        repair=False,
-        halt_mode="mark",
-    )
-    samples = uniform_samples()
-    assert relax.rollout_log_function(0, ARGS, samples, {}, 1.0) is False
-    assert (tmp_path / "events.halt.json").exists() and relax.state().guard.halted
-    later = uniform_samples()
-    relax.rollout_log_function(1, ARGS, later, {}, 1.0)  # nothing after a halt trains
-    assert all(s.loss_mask == [0] * RESPONSE for s in later)
+def test_setup_announces_the_active_gates_for_the_trainer(tmp_path):
+    gate = configure(tmp_path, gates=["filter", "train_step", "log"])
+    assert gate.gates == ("filter", "log", "train_step")
+    board = board_for(tmp_path / "events.jsonl")
+    assert board.gates()["gates"] == ["filter", "log", "train_step"]
+    assert board.gates()["on_dead_teacher"] == "halt"
+    assert gate.guard.policy.critical_action.value == "halt"
+    assert gate.guard.run.loss is LossKind.JSD
 
 
 def test_configuration_from_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("DISTILL_GUARD_PRESET", "strict")
-    monkeypatch.setenv("DISTILL_GUARD_OVERRIDES", f"run.vocab_size={VOCAB} alerts.use_wandb=false")
-    monkeypatch.setenv("DISTILL_GUARD_EVENTS", str(tmp_path / "ev.jsonl"))
-    args = Namespace(**{**vars(ARGS), "opd_kl_type": "reverse_kl", "opd_jsd_alpha": 0.1})
-    st = relax.state(args)
-    assert st.guard.policy.halt_after_critical_steps == 2  # strict
-    assert st.guard.run.vocab_size == VOCAB and st.guard.run.loss is LossKind.REVERSE_KL
-    assert st.guard.run.beta == 0.1 and st.teacher is None
-    assert st.halt_marker == tmp_path / "ev.halt.json"
-
-
-def test_repair_and_rescore_against_the_reference_server(tmp_path):
-    """The real path: an SGLang-protocol server whose teacher woke without its weights."""
-    canary = Canary(length=16)
-    model_dir = build_tiny_qwen3(tmp_path / "teacher", vocab_size=VOCAB)
-    local = TorchTeacher.from_pretrained(
-        model_dir, enable_memory_saver=True, enable_cpu_backup=False
+    monkeypatch.setenv(
+        "DISTILL_GUARD_OVERRIDES", f"run.vocab_size={harness.VOCAB} alerts.use_wandb=false"
     )
-    with serve_in_thread(ReferenceServer(local)) as url:
-        guard_side = SGLangHTTPTeacher(url, timeout_s=10)
-        relax_side = SGLangHTTPTeacher(url, timeout_s=10)  # Relax's TeacherManager's own handle
-        expected = [s.teacher_log_probs for s in make_samples(guard_side)]
-        st = relax.configure(
-            "default",
-            guard_overrides=overrides(tmp_path),
-            args=ARGS,
-            teacher=guard_side,
-            canary=canary,
-        )
-        assert st.guard.run.vocab_size == VOCAB
-        relax_side.release()  # the colocated sleep/wake, without a weights backup
-        relax_side.resume()
-        dead = make_samples(guard_side)
-        assert all(abs(v - UNIFORM) < 1e-4 for s in dead for v in s.teacher_log_probs)
-        metrics = {}
-        assert relax.rollout_log_function(0, ARGS, dead, metrics, 1.0) is False
-        assert metrics["guard/teacher_uniform_sample_frac"] == 1.0
-        assert metrics["guard/repairs"] == 1 and metrics["guard/rescored_samples"] == 4
-        for s, want in zip(dead, expected):
-            assert s.teacher_log_probs == pytest.approx(want, abs=1e-4)
-        assert not st.guard.halted
-        guard_side.close()
-        relax_side.close()
-    kinds = [e["kind"] for e in events(tmp_path / "events.jsonl")]
-    assert "rescore" in kinds and "halt" not in kinds
+    monkeypatch.setenv("DISTILL_GUARD_EVENTS", str(tmp_path / "ev.jsonl"))
+    monkeypatch.setenv("DISTILL_GUARD_ON_DEAD_TEACHER", "repair")
+    args = args_for()
+    args.opd_kl_type, args.opd_jsd_alpha = "reverse_kl", 0.1
+    gate = relax.state(args)
+    assert gate.guard.policy.halt_after_critical_steps == 2  # strict
+    assert gate.guard.policy.critical_action.value == "rewake"
+    assert gate.guard.run.loss is LossKind.REVERSE_KL and gate.guard.run.beta == 0.1
+    assert gate.teacher is None  # no teacher URL: no canary, no repair
 
 
-def test_a_malformed_sample_never_crashes_the_rollout(tmp_path):
-    relax.configure("default", guard_overrides=overrides(tmp_path), args=ARGS, repair=False)
-    bad = Sample([1, 2, 3], 2, teacher_log_probs=[[1.0, 2.0], [3.0]])  # ragged: not a vector
+# ---------------------------------------------------------------------------------- rollout gate
+
+
+def test_the_filter_masks_dead_samples_keeps_every_group_and_posts_the_verdict(tmp_path):
+    gate = configure(tmp_path)
+    args = args_for()
+    healthy = [Sample([1] * 16, 10, [-1.5] * 10, [1] * 10) for _ in range(2)]
+    dead = [Sample([1] * 16, 10, [UNIFORM] * 10, [1] * 10) for _ in range(2)]
+    assert relax.dynamic_sampling_filter(args, healthy) is True
+    assert relax.dynamic_sampling_filter(args, dead) is True  # never dropped: masked
+    assert all(s.remove_sample and s.loss_mask == [0] * 10 for s in dead)
+    assert not any(s.remove_sample for s in healthy)
     metrics = {}
-    assert relax.rollout_log_function(0, ARGS, [bad], metrics, 1.0) is False
-    assert metrics == {"guard/error": 1.0}
-    assert [e["kind"] for e in events(tmp_path / "events.jsonl")] == ["guard_error"]
+    relax.rollout_log_function(0, args, healthy + dead, metrics, 1.0)
+    verdict = gate.board.read(0)
+    assert verdict.complete and verdict.dead == 2 and verdict.masked == 2
+    assert verdict.verdict is Verdict.HALT  # the default policy here: halt at the first dead wake
+    assert "--teacher-sglang-enable-weights-cpu-backup" in " ".join(verdict.reasons)
+    assert metrics["guard/dead_samples"] == 2.0 and metrics["guard/halted"] == 1.0
+
+
+def test_without_the_filter_the_log_hook_halts_the_trainer_before_queued_dead_data(tmp_path):
+    args = args_for(dynamic_sampling_filter_path=None)
+    gate = configure(tmp_path, args=args, gates=["log", "train_step"])
+    dead = [Sample([1] * 16, 10, [UNIFORM] * 10, [1] * 10)]
+    relax.rollout_log_function(0, args, dead, {}, 1.0)
+    verdict = gate.board.read(0)
+    assert verdict.verdict is Verdict.HALT and "not loaded" in verdict.reasons[-1]
+
+
+def test_a_guard_fault_on_a_group_never_stops_the_rollout(tmp_path):
+    configure(tmp_path)
+    bad = Sample([1, 2, 3], 2, teacher_log_probs=[[1.0, 2.0], [3.0]], loss_mask=[1, 1])
+    assert relax.dynamic_sampling_filter(args_for(), [bad]) is True
     fb = relax.GuardedOPDFeedback()
     assert (
         fb.check_transfer_channels(bad, {"opd_topk_teacher_log_probs": [[1.0], [2.0, 3.0]]}, 2)
@@ -424,18 +213,177 @@ def test_a_malformed_sample_never_crashes_the_rollout(tmp_path):
     )
 
 
-def test_opsd_teacher_prompt_is_not_guessed_from_the_student_tokens(tmp_path, teacher):
-    args = Namespace(**{**vars(ARGS), "opd_teacher_prompt_key": "teacher_prompt"})
-    relax.configure(
-        "default",
-        guard_overrides=overrides(tmp_path),
-        args=args,
-        teacher=teacher,
-        canary=Canary(length=16),
+def test_feedback_masks_a_dead_sample_by_default_and_can_fail_fast():
+    fb = relax.GuardedGoldenAnswerSDPOFeedback(guard_vocab_size=harness.VOCAB)
+    s = Sample([1] * 16, 10, loss_mask=[1] * 10, opd_sample_mask=True)
+    healthy = torch.log_softmax(torch.randn(10, harness.VOCAB) * 3, -1).topk(4, -1).values
+    fb.check_transfer_channels(s, {"opd_topk_teacher_log_probs": healthy}, 4)
+    assert s.opd_sample_mask is True
+    uniform = torch.full((10, 4), UNIFORM)
+    fb.check_transfer_channels(s, {"opd_topk_teacher_log_probs": uniform.numpy()}, 4)
+    assert s.opd_sample_mask is False and s.remove_sample and fb.guard_collapsed == 1
+    strict = relax.GuardedGoldenAnswerSDPOFeedback(guard_on_collapse="raise")  # V inferred
+    with pytest.raises(relax.TeacherCollapseError, match="uniform"):
+        strict.check_transfer_channels(s, {"opd_topk_teacher_log_probs": uniform.tolist()}, 4)
+
+
+def test_eval_hook_feeds_the_accuracy_replay_would_read(tmp_path):
+    gate = configure(tmp_path)
+    extra = {}
+    data = {"zeta": {"rewards": [0, 0]}, "alpha": {"rewards": [1, 0, 1, 1]}}
+    assert relax.eval_rollout_log_function(5, args_for(), data, extra) is False
+    assert extra == {"guard/eval_action": 0.0}
+    assert gate.guard.summary.count == {}
+
+
+# ---------------------------------------------------------------------------------- trainer gate
+
+
+class Optimizer:
+    def __init__(self):
+        self.zeroed = self.stepped = 0
+
+    def zero_grad(self):
+        self.zeroed += 1
+
+    def step(self):
+        self.stepped += 1
+        return True, 1.0, 0
+
+
+def test_skip_takes_no_update_and_restores_itself():
+    opt, sched = Optimizer(), harness.Scheduler()
+    skip_next_update(opt, sched)
+    assert opt.step() == (True, 0.0, 0) and opt.stepped == 0 and opt.zeroed == 1
+    sched.step()
+    assert sched.steps == 0
+    assert opt.step() == (True, 1.0, 0) and opt.stepped == 1  # the next step is real again
+    sched.step()
+    assert sched.steps == 1
+
+
+def test_trainer_gate_reads_the_verdict_and_halts_after_a_checkpoint(tmp_path):
+    board = VerdictBoard(tmp_path / "v")
+    saved = []
+    gate = TrainerGate(
+        board, EventLog(tmp_path / "e.jsonl"), save=lambda *a: saved.append(a[1]), wait_s=0.2
     )
-    lose_weights(teacher)
-    dead = make_samples(teacher)
-    metrics = {}
-    relax.rollout_log_function(0, args, dead, metrics, 1.0)
-    assert metrics["guard/repairs"] == 1 and metrics["guard/rescored_samples"] == 0
-    assert metrics["guard/masked_samples"] == 4
+    # no rollout-side gate ever announced itself: an unguarded run is refused
+    with pytest.raises(relax.GuardHalt, match="no rollout-side gate"):
+        gate.before_step(None, 0, None, Optimizer(), None)
+    assert saved == [0]
+    board.announce({"gates": ["filter"]})
+    gate = TrainerGate(
+        board, EventLog(tmp_path / "e2.jsonl"), save=lambda *a: saved.append(a[1]), wait_s=0.2
+    )
+    board.post(StepVerdict(1, samples=4, complete=True))
+    assert gate.before_step(None, 1, None, Optimizer(), None) is Verdict.TRAIN
+    board.post(StepVerdict(2, Verdict.SKIP, samples=4, dead=4, masked=4, complete=True))
+    opt = Optimizer()
+    assert gate.before_step(None, 2, None, opt, None) is Verdict.SKIP and opt.step() == (
+        True,
+        0.0,
+        0,
+    )
+    with pytest.raises(relax.GuardHalt, match="no complete verdict for rollout 3"):
+        gate.before_step(None, 3, None, Optimizer(), None)  # the rollout side never finished it
+    assert saved == [0, 3]
+
+
+# ---------------------------------------------------------------------------------- Relax's step order
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("line", ["studio", "sdpo"])
+def test_without_the_guard_every_update_trains_on_the_dead_teacher(tmp_path, teacher_dir, line):
+    """The failure, reproduced in Relax's order: the harness can tell a poisoned update."""
+    got = harness.totals(harness.run(tmp_path, teacher_dir, line=line, backup=False, guarded=False))
+    steps = 3 * harness.RANKS
+    assert got == {
+        "poisoned_consumed": 3 * harness.GROUPS * harness.PER_GROUP,
+        "poisoned_updates": steps,
+        "updates": steps,
+        "queued_poisoned": 3 * harness.GROUPS * harness.PER_GROUP,
+    }
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("line", ["studio", "sdpo"])
+def test_halt_mode_stops_every_rank_at_the_first_dead_wake_with_a_checkpoint(
+    tmp_path, teacher_dir, line
+):
+    result = harness.run(tmp_path, teacher_dir, line=line, backup=False)
+    got = harness.totals(result)
+    assert got["poisoned_consumed"] == 0 and got["updates"] == 0  # no update at all
+    for rank in result["ranks"]:
+        assert rank["steps"] == [] and "before training rollout 0" in rank["halted"]
+        assert "--teacher-sglang-enable-weights-cpu-backup" in rank["halted"]
+    ckpts = sorted(p.name for p in (result["out"] / "ckpt").iterdir())
+    assert ckpts == ["rank0_rollout0.pt", "rank1_rollout0.pt"]
+    halts = [
+        e for e in result["events"] if e["kind"] == "halt" and e.get("stage") == "before_train_step"
+    ]
+    assert sorted(e["rank"] for e in halts) == [0, 1]
+    assert (
+        result["metrics"][0]["guard/halted"] == 1.0 and result["metrics"][0]["guard/repairs"] == 0.0
+    )
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("line", ["studio", "sdpo"])
+def test_repair_mode_follows_every_resume_and_trains_only_on_verified_values(
+    tmp_path, teacher_dir, line
+):
+    result = harness.run(tmp_path, teacher_dir, line=line, backup=False, on_dead="repair")
+    got = harness.totals(result)
+    assert got == {
+        "poisoned_consumed": 0,
+        "poisoned_updates": 0,
+        "updates": 3 * harness.RANKS,
+        "queued_poisoned": 0,  # every queued value is the never-slept teacher's
+    }
+    per_step = harness.GROUPS * harness.PER_GROUP
+    for step, m in enumerate(result["metrics"]):
+        # Relax's resume lost the weights again at every step; the repair was verified each time
+        assert m["guard/repairs"] == step + 1 and m["guard/rescored_samples"] == per_step
+        assert m["guard/masked_samples"] == 0 and m["guard/halted"] == 0.0
+    alerts = [e for e in result["events"] if e["kind"] == "alert"]
+    assert len(alerts) == 1  # one incident, one alert
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("line", ["studio", "sdpo"])
+def test_healthy_run_is_silent_and_its_data_unchanged(tmp_path, teacher_dir, line):
+    guarded = harness.run(tmp_path, teacher_dir, line=line, backup=True)
+    plain = harness.run(tmp_path, teacher_dir, line=line, backup=True, guarded=False)
+    assert harness.totals(guarded)["updates"] == 3 * harness.RANKS
+    loud = [e for e in guarded["events"] if e.get("severity") in ("warn", "critical")]
+    assert loud == [] and not [e for e in guarded["events"] if e["kind"] in ("alert", "halt")]
+    assert guarded["queued"] == plain["queued"]  # the gate changed nothing the trainer reads
+    assert [r["params_sha"] for r in guarded["ranks"]] == [r["params_sha"] for r in plain["ranks"]]
+
+
+@pytest.mark.timeout(120)
+def test_slime_and_miles_order_the_log_hook_before_conversion_so_it_alone_protects_nothing(
+    tmp_path, teacher_dir
+):
+    """slime/miles: the log hook runs before the teacher's values reach the samples."""
+    result = harness.run(
+        tmp_path, teacher_dir, line="slime", backup=False, gates=("log", "train_step")
+    )
+    got = harness.totals(result)
+    assert got["poisoned_updates"] == 3 * harness.RANKS and got["poisoned_consumed"] > 0
+    assert result["metrics"][0]["guard/dead_samples"] == 0.0  # nothing to judge at that point
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("on_dead", ["halt", "repair"])
+def test_slime_and_miles_are_protected_by_the_post_process_gate(tmp_path, teacher_dir, on_dead):
+    result = harness.run(tmp_path, teacher_dir, line="slime", backup=False, on_dead=on_dead)
+    got = harness.totals(result)
+    assert got["poisoned_consumed"] == 0 and got["poisoned_updates"] == 0
+    if on_dead == "halt":
+        assert got["updates"] == 0
+        assert all("before training rollout 0" in r["halted"] for r in result["ranks"])
+    else:
+        assert got["updates"] == 3 * harness.RANKS and got["queued_poisoned"] == 0

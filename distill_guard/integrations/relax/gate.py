@@ -1,0 +1,267 @@
+"""The gate before Relax's queue: no sample with dead teacher values is put for the trainer.
+
+Relax converts each finished group and puts it into the trainer's queue
+(``transfer_batch_to_data_system`` → ``async_put(partition_id=f"train_{rollout_id}")``) before
+its rollout log hook runs (``docs/relax.md`` §3.2). The one user hook that sees the teacher's
+values and still runs before the put, on both Relax lines, is the dynamic sampling filter: it is
+called once per finished group, after teacher scoring. There the gate
+
+- at the step's first group, checks the teacher with the canary against the fingerprint taken at
+  the end of the previous rollout (Relax released and resumed it in between: the colocated step's
+  sleep and wake, with Relax's own release and resume);
+- judges each sample's values (uniform, non-finite) and, when the step's canary failed, takes
+  every sample of the step as scored by a dead teacher;
+- acts on the guard's decision: on a halt it masks the group and posts ``halt``; after a verified
+  repair it re-scores the dead samples and keeps them only if the new values pass; otherwise it
+  masks them (``remove_sample``, a zero ``loss_mask``, ``opd_sample_mask = False``);
+- posts the step's tally to the :class:`~.verdicts.VerdictBoard` for the trainer ranks.
+
+The filter never drops a group: Relax refills a dropped group with new prompts, and against a
+dead teacher it would sample forever.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from distill_guard.checks import TeacherCollapseCheck
+from distill_guard.findings import Severity
+from distill_guard.guard import DistillGuard
+from distill_guard.integrations.relax import samples as fields
+from distill_guard.integrations.relax.verdicts import StepVerdict, Verdict, VerdictBoard
+from distill_guard.observations import TeacherScores
+from distill_guard.policy import Action, Decision
+
+log = logging.getLogger("distill_guard")
+
+
+def _host_call() -> None:
+    """Relax releases and resumes the teacher itself (the trainer, between rollouts): the gate
+    only marks where that happened."""
+
+
+@dataclasses.dataclass
+class RelaxGate:
+    """The guard on Relax's rollout side, one per rollout process."""
+
+    guard: DistillGuard
+    board: VerdictBoard | None = None
+    token_selection: str = "student_sampled"
+    """Relax's ``--opd-token-selection``: which teacher channel the samples carry."""
+    top_k: int = 0
+    """Relax's ``--opd-log-prob-top-k``."""
+    gates: tuple[str, ...] = ()
+    """The gates this run has wired (``filter``, ``train_step``, ``feedback``, ``log``)."""
+    step: int | None = None
+    """The rollout being gated; set at its first group, advanced by the log hook."""
+    tallies: dict[int, StepVerdict] = dataclasses.field(default_factory=dict)
+    _woke: set[int] = dataclasses.field(default_factory=set)
+    _canary_failed: set[int] = dataclasses.field(default_factory=set)
+    _repaired: set[int] = dataclasses.field(default_factory=set)
+
+    @property
+    def teacher(self) -> Any:
+        return self.guard.teacher
+
+    def tally(self, rollout_id: int) -> StepVerdict:
+        return self.tallies.setdefault(rollout_id, StepVerdict(rollout_id))
+
+    # ---------------------------------------------------------------- per group
+
+    def filter_group(self, args: Any, group: Sequence[Any]) -> None:
+        """Judge one finished group before Relax queues it; mask or re-score dead samples."""
+        if self.step is None:
+            self.step = int(getattr(args, "start_rollout_id", 0) or 0)
+        step = self.step
+        tally = self.tally(step)
+        if step not in self._woke:
+            self._woke.add(step)
+            self._wake(step, tally)
+        dead = self._dead(step, group)
+        tally.samples += len(group)
+        tally.dead += len(dead)
+        if tally.verdict is Verdict.HALT:
+            tally.masked += fields.mask_out(group)
+        elif dead:
+            decision = self._decide(step, dead)
+            if decision.action is Action.HALT:
+                tally.raise_to(Verdict.HALT, _why(decision))
+                tally.masked += fields.mask_out(group)
+            elif step in self._repaired:
+                bad = self._rescore(step, dead)
+                tally.rescored += len(dead) - len(bad)
+                tally.masked += fields.mask_out(bad)
+            else:
+                tally.masked += fields.mask_out(dead)
+                tally.raise_to(Verdict.TRAIN, decision.message)  # records why, trains the rest
+        self._post(tally)
+
+    def _wake(self, step: int, tally: StepVerdict) -> None:
+        """The step's canary, against the fingerprint of the previous rollout's end."""
+        if self.guard.colocated is None:
+            return
+        decision = self.guard.wake(step, resume=_host_call)
+        if decision.action is Action.HALT:
+            tally.raise_to(Verdict.HALT, _why(decision))
+        if any(f.severity is Severity.CRITICAL for f in decision.reasons):
+            self._canary_failed.add(step)
+        if decision.repaired:
+            self._repaired.add(step)
+
+    def _dead(self, step: int, group: Sequence[Any]) -> list[Any]:
+        """The group's samples scored by a dead teacher: every scored one when the step's canary
+        failed, else those whose own values are uniform or non-finite."""
+        check = next((c for c in self.guard.checks if isinstance(c, TeacherCollapseCheck)), None)
+        check = check or TeacherCollapseCheck()
+        dead = []
+        for s in group:
+            values = fields.teacher_values(s)
+            if values.empty:
+                continue
+            if step in self._canary_failed or _judged_dead(check, step, values, self.guard):
+                dead.append(s)
+        return dead
+
+    def _decide(self, step: int, dead: Sequence[Any]) -> Decision:
+        """The guard's word on the dead samples (its policy: halt, or repair the teacher)."""
+        if step in self._repaired:  # already repaired this step: these were scored before it
+            return Decision(step, Action.REWAKE, repaired=True)
+        values = fields.stack(fields.teacher_values(s) for s in dead)
+        decision = self.guard.on_teacher_scores(step, values.token, values.topk)
+        if decision.repaired:
+            self._repaired.add(step)
+        if not decision.acts and step in self._canary_failed:
+            # the canary failed but the values themselves pass: still never train on them
+            return Decision(
+                step, Action.SKIP_BATCH, message="scored by a teacher that failed the canary"
+            )
+        return decision
+
+    def _rescore(self, step: int, dead: Sequence[Any]) -> list[Any]:
+        """Score ``dead`` again with the repaired teacher and write the values back in place;
+        the samples that still fail (or cannot be re-scored) are returned, to be masked."""
+        check = next((c for c in self.guard.checks if isinstance(c, TeacherCollapseCheck)), None)
+        check = check or TeacherCollapseCheck()
+        topk_mode = self.token_selection == "teacher_topk"
+        bad = []
+        for s in dead:
+            if getattr(s, fields.TOPK_FIELD, None) is not None and not topk_mode:
+                bad.append(s)  # the student's ids: the Teacher protocol scores only its own top-k
+                continue
+            try:
+                ids, start = fields.teacher_inputs(s)
+                k = self.top_k if topk_mode else 0
+                res = self.teacher.score([ids], top_k=k, logprob_start_len=start)
+            except Exception as exc:  # noqa: BLE001 - the teacher failed again: mask, do not crash
+                log.error("distill_guard: re-scoring a sample failed: %s", exc)
+                bad.append(s)
+                continue
+            if getattr(s, fields.TOKEN_FIELD, None) is not None:
+                setattr(
+                    s,
+                    fields.TOKEN_FIELD,
+                    fields.like(getattr(s, fields.TOKEN_FIELD), res.token_logprobs[0]),
+                )
+            if k and res.topk_logprobs is not None:
+                setattr(
+                    s,
+                    fields.TOPK_FIELD,
+                    fields.like(getattr(s, fields.TOPK_FIELD), res.topk_logprobs[0]),
+                )
+                if getattr(s, fields.TOPK_IDS_FIELD, None) is not None:
+                    setattr(
+                        s,
+                        fields.TOPK_IDS_FIELD,
+                        fields.like(getattr(s, fields.TOPK_IDS_FIELD), res.topk_ids[0]),
+                    )
+            if _judged_dead(check, step, fields.teacher_values(s), self.guard):
+                bad.append(s)
+            else:
+                fields.unmask(s)  # masked earlier (the feedback gate): verified now, train on it
+        return bad
+
+    # ---------------------------------------------------------------- per step
+
+    def end_rollout(self, rollout_id: int, samples: Sequence[Any]) -> dict[str, float]:
+        """The rollout log hook. In Relax it runs after the step was queued: complete the step's
+        verdict for the trainer. In slime and miles it runs before the data is converted, and
+        the post-process gate completes the step instead: only report."""
+        if self.step is not None and self.step != rollout_id and self.step in self.tallies:
+            moved = self.tallies.pop(self.step)  # the first rollout id was guessed wrong
+            self.tallies[rollout_id] = dataclasses.replace(moved, rollout_id=rollout_id)
+            self.step = rollout_id
+        tally = self.tally(rollout_id)
+        if "post_process" not in self.gates:
+            if "filter" not in self.gates:
+                self._judge_after_the_fact(rollout_id, samples, tally)
+            self.complete_step(rollout_id)
+        return self.metrics(tally)
+
+    def post_process(self, args: Any, samples: Sequence[Any]) -> None:
+        """slime / miles: the teacher's values were just filled in by the run's own reward
+        post-process, at the start of the conversion; judge them, then complete the step."""
+        self.filter_group(args, samples)
+        assert self.step is not None
+        self.complete_step(self.step)
+
+    def complete_step(self, rollout_id: int) -> None:
+        """Post the step's final verdict, fingerprint the teacher for the next step's canary (the
+        trainer releases it next), and move on to the next step."""
+        tally = self.tally(rollout_id)
+        if tally.verdict is Verdict.TRAIN and tally.samples and tally.masked == tally.samples:
+            tally.raise_to(Verdict.SKIP, "every sample of the step was masked")
+        tally.complete = True
+        self._post(tally)
+        if tally.verdict is not Verdict.HALT and self.guard.colocated is not None:
+            self.guard.sleep(rollout_id, release=_host_call)
+        self.step = rollout_id + 1
+
+    def metrics(self, tally: StepVerdict) -> dict[str, float]:
+        return {
+            "guard/samples": float(tally.samples),
+            "guard/dead_samples": float(tally.dead),
+            "guard/masked_samples": float(tally.masked),
+            "guard/rescored_samples": float(tally.rescored),
+            "guard/repairs": float(self.guard.repairs),
+            "guard/verdict": float(tally.verdict.rank),
+            "guard/halted": float(tally.verdict is Verdict.HALT),
+        }
+
+    def _judge_after_the_fact(
+        self, rollout_id: int, samples: Sequence[Any], tally: StepVerdict
+    ) -> None:
+        """Without the filter gate the data is already queued: the trainer must not take it."""
+        dead = self._dead(rollout_id, samples)
+        tally.samples += len(samples)
+        tally.dead += len(dead)
+        if tally.dead:
+            tally.raise_to(
+                Verdict.HALT,
+                f"{tally.dead} samples with dead teacher values were queued unfiltered (the "
+                "dynamic sampling filter gate is not loaded): halting before the trainer uses them",
+            )
+
+    def _post(self, tally: StepVerdict) -> None:
+        if self.board is not None:
+            try:
+                self.board.post(tally)
+            except OSError as exc:
+                log.error(
+                    "distill_guard: cannot post the verdict of step %s: %s", tally.rollout_id, exc
+                )
+
+
+def _judged_dead(
+    check: TeacherCollapseCheck, step: int, values: fields.TeacherValues, guard: DistillGuard
+) -> bool:
+    scores = TeacherScores(step, values.token, values.topk)
+    return any(f.severity is Severity.CRITICAL for f in check.on_teacher_scores(scores, guard.run))
+
+
+def _why(decision: Decision) -> str:
+    """The decision and the finding behind it, whose message names what to change."""
+    first = next((f for f in decision.reasons if f.severity is Severity.CRITICAL), None)
+    return f"{decision.message}. {first.message}" if first is not None else decision.message

@@ -1,0 +1,180 @@
+"""Relax's ``Sample`` as the guard reads and edits it: teacher values, masks, the teacher's input.
+
+Field names are Relax's (``docs/relax.md`` §1.2, §1.4): ``teacher_log_probs`` (student_sampled),
+``opd_topk_teacher_log_probs`` / ``opd_topk_token_ids`` / ``opd_topk_ksz`` (top-K modes),
+``opd_sample_mask`` (SDPO), ``loss_mask`` / ``remove_sample`` (every line), and the OPSD/SDPO
+teacher input ``teacher_tokens`` + ``response_length``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+TOKEN_FIELD = "teacher_log_probs"
+TOPK_FIELD = "opd_topk_teacher_log_probs"
+TOPK_IDS_FIELD = "opd_topk_token_ids"
+TOPK_LEN_FIELD = "opd_topk_ksz"
+SAMPLE_MASK_FIELD = "opd_sample_mask"
+
+
+@dataclass
+class TeacherValues:
+    """One sample's teacher values under its loss mask: ``[R]`` token logprobs and/or ``[R, K]``
+    top-K rows (entries past a union row's length are −inf)."""
+
+    token: torch.Tensor | None
+    topk: torch.Tensor | None
+
+    @property
+    def empty(self) -> bool:
+        return (self.token is None or self.token.numel() == 0) and (
+            self.topk is None or self.topk.numel() == 0
+        )
+
+
+def numeric(values: Any) -> np.ndarray:
+    """A list, numpy array or tensor of numbers as float32 (``None`` entries as NaN)."""
+    if isinstance(values, torch.Tensor):
+        return values.detach().float().cpu().numpy()
+    try:
+        return np.asarray(values, dtype=np.float32)
+    except (TypeError, ValueError):
+        return np.asarray([math.nan if v is None else float(v) for v in values], dtype=np.float32)
+
+
+def topk_rows(values: Any, ksz: Any = None) -> torch.Tensor:
+    """``[R, K]`` float32 top-K rows; entries past a row's valid length (union mode) become −inf."""
+    rows = torch.as_tensor(numeric(values), dtype=torch.float32)
+    if rows.dim() == 1:
+        rows = rows.reshape(1, -1) if rows.numel() else rows.reshape(0, 0)
+    if ksz is not None:
+        valid = torch.as_tensor(numeric(ksz)).reshape(-1, 1)
+        cols = torch.arange(rows.shape[1]).reshape(1, -1)
+        if valid.shape[0] == rows.shape[0]:
+            rows = torch.where(cols < valid, rows, torch.full_like(rows, -math.inf))
+    return rows
+
+
+MASKED_BY_GUARD = "_distill_guard_unmasked"
+"""Set on a sample the guard masked: its ``(loss_mask, remove_sample, opd_sample_mask)`` before,
+so a sample re-scored by a repaired teacher can be given back to the loss."""
+
+
+def token_mask(sample: Any) -> torch.Tensor | None:
+    """The positions the loss uses, as they were before the guard masked the sample."""
+    saved = getattr(sample, MASKED_BY_GUARD, None)
+    m = saved[0] if saved is not None else getattr(sample, "loss_mask", None)
+    if m is None:
+        return None
+    return torch.as_tensor(numeric(m)).reshape(-1) > 0
+
+
+def teacher_values(sample: Any) -> TeacherValues:
+    """The sample's teacher values at the positions its loss mask keeps."""
+    mask = token_mask(sample)
+    token = getattr(sample, TOKEN_FIELD, None)
+    t = None
+    if token is not None and len(token):
+        t = torch.as_tensor(numeric(token), dtype=torch.float32).reshape(-1)
+        if mask is not None and mask.numel() == t.numel():
+            t = t[mask]
+    top = getattr(sample, TOPK_FIELD, None)
+    rows = None
+    if top is not None and len(top):
+        rows = topk_rows(top, getattr(sample, TOPK_LEN_FIELD, None))
+        if mask is not None and mask.numel() == rows.shape[0]:
+            rows = rows[mask]
+    return TeacherValues(t, rows)
+
+
+def stack(values: Iterable[TeacherValues]) -> TeacherValues:
+    """Several samples' values as one batch (top-K rows padded to the widest K with −inf)."""
+    tokens = [v.token for v in values if v.token is not None]
+    tops = [v.topk for v in values if v.topk is not None and v.topk.numel()]
+    topk = None
+    if tops:
+        k = max(r.shape[1] for r in tops)
+        topk = torch.cat(
+            [torch.nn.functional.pad(r, (0, k - r.shape[1]), value=-math.inf) for r in tops]
+        )
+    return TeacherValues(torch.cat(tokens) if tokens else None, topk)
+
+
+def mask_out(samples: Iterable[Any]) -> int:
+    """Keep samples out of every loss term of the step: ``remove_sample`` (Relax zeroes the
+    ``loss_mask`` when it converts the sample), a zero ``loss_mask`` now, and
+    ``opd_sample_mask = False`` where the sample has one (SDPO). Returns how many."""
+    n = 0
+    for s in samples:
+        if getattr(s, MASKED_BY_GUARD, None) is None:
+            lm = getattr(s, "loss_mask", None)
+            saved = (
+                list(lm) if lm is not None and not isinstance(lm, torch.Tensor) else lm,
+                getattr(s, "remove_sample", None),
+                getattr(s, SAMPLE_MASK_FIELD, None),
+            )
+            setattr(s, MASKED_BY_GUARD, saved)
+        if hasattr(s, "remove_sample"):
+            s.remove_sample = True
+        lm = getattr(s, "loss_mask", None)
+        if lm is not None:
+            s.loss_mask = lm * 0 if isinstance(lm, torch.Tensor) else [0] * len(lm)
+        if hasattr(s, SAMPLE_MASK_FIELD):
+            setattr(s, SAMPLE_MASK_FIELD, False)
+        n += 1
+    return n
+
+
+def unmask(sample: Any) -> bool:
+    """Give a sample the guard masked back to the loss, as it was; False if it was not masked."""
+    saved = getattr(sample, MASKED_BY_GUARD, None)
+    if saved is None:
+        return False
+    loss_mask, remove_sample, sample_mask = saved
+    sample.loss_mask = loss_mask
+    if remove_sample is not None:
+        sample.remove_sample = remove_sample
+    if hasattr(sample, SAMPLE_MASK_FIELD):
+        setattr(sample, SAMPLE_MASK_FIELD, sample_mask)
+    delattr(sample, MASKED_BY_GUARD)
+    return True
+
+
+def teacher_inputs(sample: Any) -> tuple[list[int], int]:
+    """The ids the teacher scored and ``logprob_start_len``, as Relax built them
+    (``OpdManager._teacher_prefill``): OPSD/SDPO score ``teacher_tokens`` (the teacher's own
+    prompt + the response) from ``len(teacher_tokens) - response_length - 1``; plain OPD scores
+    ``rollout_tokens or tokens`` from ``len(tokens) - response_length - 1``."""
+    r = int(sample.response_length)
+    teacher_tokens = getattr(sample, "teacher_tokens", None)
+    if teacher_tokens:
+        ids = [int(t) for t in teacher_tokens]
+        return ids, max(len(ids) - r - 1, 0)
+    ids = [int(t) for t in (getattr(sample, "rollout_tokens", None) or sample.tokens)]
+    return ids, max(len(sample.tokens) - r - 1, 0)
+
+
+def like(original: Any, values: torch.Tensor) -> Any:
+    """``values`` in the container type of ``original`` (list, numpy array or tensor)."""
+    if isinstance(original, torch.Tensor):
+        return values.to(dtype=original.dtype, device=original.device)
+    if isinstance(original, np.ndarray):
+        return values.cpu().numpy().astype(original.dtype, copy=False)
+    return values.tolist()
+
+
+def truncated_ratio(samples: Sequence[Any]) -> float | None:
+    flags = []
+    for s in samples:
+        status = getattr(s, "status", None)
+        if status is None:
+            continue
+        name = getattr(status, "name", None) or getattr(status, "value", None) or str(status)
+        flags.append("truncat" in str(name).lower())
+    return sum(flags) / len(flags) if flags else None

@@ -1,0 +1,182 @@
+"""The gate before the optimizer: every trainer rank learns the rollout side's verdict for the step.
+
+Relax calls ``--custom-megatron-before-train-step-hook-path`` on every trainer rank, in
+``train_one_step`` after ``zero_grad`` and before the forward and backward, with
+``(args, rollout_id, step_id, model, optimizer, opt_param_scheduler)`` and no batch; its
+``optimizer.step()`` that follows is unconditional (``docs/relax.md`` §3). So the hook reads the
+verdict the rollout side posted for ``rollout_id`` (:mod:`.verdicts`), the ranks agree on it, and
+
+- ``train``: nothing to do (dead samples were already masked before the queue);
+- ``skip``: this update is not taken: the optimizer's next ``step()`` only zeroes the gradients
+  and reports success (Megatron's ``(update_successful, grad_norm, num_zeros)``), and the
+  learning-rate schedule does not advance; zero gradients alone would still move Adam's weights;
+- ``halt``: every rank saves a checkpoint through Relax's own save (``model.save(iteration,
+  model, optimizer, opt_param_scheduler)``), the reason goes to the event file, and every rank
+  raises :class:`GuardHalt` at the same step. The rollout service is not crashed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from distill_guard.consensus import dist_ready
+from distill_guard.events import EventLog
+from distill_guard.integrations.relax.verdicts import StepVerdict, Verdict, VerdictBoard
+
+log = logging.getLogger("distill_guard")
+
+SaveFunction = Callable[[Any, int, Any, Any, Any], None]
+"""``save(args, rollout_id, model, optimizer, opt_param_scheduler)``."""
+
+
+class GuardHalt(RuntimeError):
+    """The guard stopped the run; the message says why (the event file has the details)."""
+
+
+def relax_save(args: Any, rollout_id: int, model: Any, optimizer: Any, scheduler: Any) -> None:
+    """Relax's own checkpoint: ``relax.backends.megatron.model.save`` (Megatron's
+    ``save_checkpoint`` underneath), a collective every trainer rank calls."""
+    from relax.backends.megatron.model import save
+
+    save(rollout_id, model, optimizer, scheduler)
+
+
+def load_function(path: str) -> Callable[..., Any]:
+    """``module.attr`` or ``module:attr``, as Relax's ``load_function`` reads a path."""
+    module, _, name = path.replace(":", ".").rpartition(".")
+    return getattr(__import__(module, fromlist=[name]), name)
+
+
+class TrainerGate:
+    """The verdict reader on one trainer rank."""
+
+    def __init__(
+        self,
+        board: VerdictBoard,
+        events: EventLog,
+        *,
+        save: SaveFunction = relax_save,
+        wait_s: float = 600.0,
+    ) -> None:
+        self.board = board
+        self.events = events
+        self.save = save
+        self.wait_s = wait_s
+        """How long the first update of a step waits for the rollout side's verdict."""
+        self.decided: dict[int, Verdict] = {}
+        self._group: Any = None
+
+    @classmethod
+    def from_env(cls) -> TrainerGate:
+        """From ``DISTILL_GUARD_EVENTS`` (the board lives next to it, ``<stem>.verdicts/``),
+        ``DISTILL_GUARD_SAVE_FUNCTION`` and ``DISTILL_GUARD_VERDICT_WAIT_S``."""
+        events = os.environ.get("DISTILL_GUARD_EVENTS")
+        if not events:
+            raise GuardHalt(
+                "distill_guard's before-train-step hook has no DISTILL_GUARD_EVENTS: it cannot "
+                "find the rollout side's verdicts. Set it on the driver and list it in "
+                "RELAX_PROPAGATE_ENV_VARS so it reaches the trainer actors."
+            )
+        rank = torch.distributed.get_rank() if dist_ready() else 0
+        log_ = EventLog(events)
+        log_.set_rank(rank)
+        save_path = os.environ.get("DISTILL_GUARD_SAVE_FUNCTION")
+        return cls(
+            board_for(events),
+            log_,
+            save=load_function(save_path) if save_path else relax_save,
+            wait_s=float(os.environ.get("DISTILL_GUARD_VERDICT_WAIT_S", "600")),
+        )
+
+    def before_step(
+        self, args: Any, rollout_id: int, model: Any, optimizer: Any, scheduler: Any
+    ) -> Verdict:
+        """Decide the update of ``rollout_id``'s next optimizer step, the same on every rank."""
+        verdict = self.decided.get(rollout_id)
+        if verdict is None:
+            verdict, why = self._read(rollout_id)
+            verdict = self._agree(verdict)
+            self.decided[rollout_id] = verdict
+            self.events.write("verdict", step=rollout_id, verdict=verdict.value, reason=why)
+            if verdict is Verdict.HALT:
+                self._halt(args, rollout_id, model, optimizer, scheduler, why)
+        if verdict is Verdict.SKIP:
+            skip_next_update(optimizer, scheduler)
+            self.events.write("update_skipped", step=rollout_id)
+        return verdict
+
+    def _read(self, rollout_id: int) -> tuple[Verdict, str]:
+        if self.board.gates() is None:
+            return Verdict.HALT, (
+                "no rollout-side gate announced itself: the dynamic sampling filter "
+                "(distill_guard.integrations.relax.dynamic_sampling_filter) is not loaded, so "
+                "nothing keeps a dead teacher's values out of the trainer's data"
+            )
+        seen: StepVerdict | None = self.board.wait(rollout_id, self.wait_s)
+        if seen is None or not seen.complete:
+            return Verdict.HALT, (
+                f"no complete verdict for rollout {rollout_id} after {self.wait_s:g} s: the "
+                "rollout side did not finish judging the step this rank is about to train"
+            )
+        reason = "; ".join(seen.reasons) or f"{seen.samples} samples, none dead"
+        return seen.verdict, reason
+
+    def _agree(self, verdict: Verdict) -> Verdict:
+        """Every rank takes the most severe verdict any rank read (a lagging file system view
+        must not make one rank train while another skips)."""
+        if not dist_ready():
+            return verdict
+        if self._group is None:
+            self._group = torch.distributed.new_group(backend="gloo")
+        flag = torch.tensor([verdict.rank])
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=self._group)
+        return list(Verdict)[int(flag.item())]
+
+    def _halt(
+        self, args: Any, rollout_id: int, model: Any, optimizer: Any, scheduler: Any, why: str
+    ) -> None:
+        try:
+            self.save(args, rollout_id, model, optimizer, scheduler)
+        except Exception as exc:  # noqa: BLE001 - halt anyway, and say the checkpoint failed
+            log.exception("distill_guard: the halt checkpoint failed")
+            self.events.write(
+                "checkpoint_failed", step=rollout_id, error=f"{type(exc).__name__}: {exc}"
+            )
+        else:
+            self.events.write("checkpoint", step=rollout_id)
+        message = f"distill_guard halted the run before training rollout {rollout_id}: {why}"
+        self.events.write("halt", step=rollout_id, stage="before_train_step", message=message)
+        self.events.close()
+        raise GuardHalt(message)
+
+
+def skip_next_update(optimizer: Any, scheduler: Any) -> None:
+    """Make the optimizer's next ``step()`` zero the gradients and take no update, and the
+    scheduler's next ``step()`` a no-op; both restore themselves after that call."""
+
+    def once(obj: Any, name: str, replacement: Callable[..., Any]) -> None:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            delattr(obj, name)  # the class's own method again
+            return replacement(*args, **kwargs)
+
+        setattr(obj, name, call)
+
+    def no_update(*args: Any, **kwargs: Any) -> tuple[bool, float, int]:
+        optimizer.zero_grad()
+        return True, 0.0, 0
+
+    once(optimizer, "step", no_update)
+    if scheduler is not None and hasattr(scheduler, "step"):
+        once(scheduler, "step", lambda *a, **k: None)
+
+
+def board_for(events_path: str | os.PathLike[str]) -> VerdictBoard:
+    """The verdict board that belongs to an event file: ``<stem>.verdicts/`` beside it."""
+    p = Path(events_path)
+    return VerdictBoard(p.with_name(f"{p.stem}.verdicts"))
