@@ -387,3 +387,38 @@ def test_slime_and_miles_are_protected_by_the_post_process_gate(tmp_path, teache
         assert all("before training rollout 0" in r["halted"] for r in result["ranks"])
     else:
         assert got["updates"] == 3 * harness.RANKS and got["queued_poisoned"] == 0
+
+
+def test_wrapped_teacher_manager_runs_its_own_sleep_and_wake_inside_the_guards(
+    tmp_path, teacher_dir
+):
+    """A process that owns Relax's TeacherManager: its offload and onload become the guard's
+    colocated step, over real HTTP, with the manager's own handle doing the release and resume."""
+    from distill_guard.teachers import SGLangHTTPTeacher, TorchTeacher
+    from distill_guard.testing.reference_server import ReferenceServer, serve_in_thread
+
+    local = TorchTeacher.from_pretrained(teacher_dir, enable_cpu_backup=False)
+    with serve_in_thread(ReferenceServer(local)) as url:
+        guard_side, relax_side = SGLangHTTPTeacher(url), SGLangHTTPTeacher(url)
+        gate = configure(tmp_path, teacher=guard_side, on_dead_teacher="repair")
+        calls = []
+
+        class Manager:  # TeacherManager, reduced to its sleep and wake
+            def offload(self):
+                calls.append(("offload", guard_side.asleep))
+                relax_side.release()
+                return "offloaded"
+
+            def onload(self):
+                calls.append(("onload", guard_side.asleep))
+                relax_side.resume()
+
+        m = relax.wrap_teacher_manager(Manager(), gate)
+        assert relax.wrap_teacher_manager(m, gate) is m  # idempotent
+        assert m.offload() == "offloaded" and guard_side.asleep  # the tracked state followed
+        m.onload()
+        assert calls == [("offload", False), ("onload", True)]
+        assert not guard_side.asleep and gate.guard.repairs == 1  # lost, reloaded, verified
+        assert gate.guard.canary.verify(guard_side) == []
+        guard_side.close()
+        relax_side.close()
