@@ -105,13 +105,7 @@ def dynamic_sampling_filter(args: Any, group: list[Any]) -> Any:
     """``--dynamic-sampling-filter-path``: the gate before the queue. Keeps every group (Relax
     refills dropped ones), with dead samples masked; then runs ``DISTILL_GUARD_INNER_FILTER``."""
     gate = state(args)
-    try:
-        gate.filter_group(args, group)
-    except GuardSetupError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - the guard's own fault must not stop the rollout
-        log.exception("distill_guard: the gate failed on a group")
-        gate.guard.events.write("guard_error", where="filter", error=f"{type(exc).__name__}: {exc}")
+    _without_faults(gate, "filter", lambda: gate.filter_group(args, group))
     inner = _inner_filter()
     return inner(args, group) if inner is not None else True
 
@@ -150,16 +144,20 @@ def reward_post_process(args: Any, samples: list[Any]) -> Any:
         )
     result = load_function(path)(args, samples)
     gate = state(args)
+    _without_faults(gate, "post_process", lambda: gate.post_process(args, samples))
+    return result
+
+
+def _without_faults(gate: RelaxGate, where: str, work: Callable[[], None]) -> None:
+    """Run the gate's work; its own faults are recorded, never raised into Relax's rollout
+    (a setup refusal is not a fault: it must stop the run before anything is queued)."""
     try:
-        gate.post_process(args, samples)
+        work()
     except GuardSetupError:
         raise
     except Exception as exc:  # noqa: BLE001 - the guard's own fault must not stop the rollout
-        log.exception("distill_guard: the post-process gate failed")
-        gate.guard.events.write(
-            "guard_error", where="post_process", error=f"{type(exc).__name__}: {exc}"
-        )
-    return result
+        log.exception("distill_guard: the %s gate failed", where)
+        gate.guard.events.write("guard_error", where=where, error=f"{type(exc).__name__}: {exc}")
 
 
 def eval_rollout_log_function(rollout_id: int, args: Any, data: dict, extra_metrics: dict) -> bool:
