@@ -196,7 +196,11 @@ def add_live(sub: argparse._SubParsersAction) -> None:
         default="zeros",
         help="what a no-backup wake leaves",
     )
-    p.add_argument("--old-api", action="store_true", help="serve /get_server_info only; no tags")
+    p.add_argument(
+        "--sglang-version",
+        default="0.5.23",
+        help="the SGLang release whose API and failure modes to emulate (default 0.5.23)",
+    )
     p.add_argument(
         "--api-key-env",
         default=None,
@@ -331,7 +335,7 @@ def cmd_serve_reference(args: argparse.Namespace) -> int:
         weight_cache_mode=args.weight_cache_mode,
     )
     server = ReferenceServer(
-        teacher, old_api=args.old_api, api_key=api_key, launch_command=" ".join(sys.argv)
+        teacher, version=args.sglang_version, api_key=api_key, launch_command=" ".join(sys.argv)
     )
     print(
         f"distill_guard reference server (NOT SGLang) for {model} on http://{args.host}:{args.port}",

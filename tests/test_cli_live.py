@@ -86,8 +86,8 @@ def test_preflight_from_args_and_url(tiny_dir, capsys) -> None:
         == 0
     )
     assert json.loads(capsys.readouterr().out)["ok"] is True
-    with reference_teacher(tiny_dir, old_api=True) as (url, _):
-        assert main(["preflight", "--url", url]) == 1  # via /get_server_info
+    with reference_teacher(tiny_dir, version="0.5.2") as (url, _):
+        assert main(["preflight", "--url", url]) == 1  # before the backup flag existed
     assert main(["preflight"]) == 2
     assert "exactly one of" in capsys.readouterr().err
 
@@ -105,7 +105,10 @@ def test_serve_reference_and_probe_as_processes(tiny_dir) -> None:
         assert "--enable-weights-cpu-backup" in probe.stdout and "was repaired" in probe.stdout
         with SGLangHTTPTeacher(url) as t:
             info = t.server_info()
-            assert "not SGLang" in info["version"] and "serve-reference" in info["launch_command"]
+            assert (
+                "NOT SGLang" in info["emulated_by"] and "serve-reference" in info["launch_command"]
+            )
+            assert info["version"] == "0.5.23" and t.capabilities.checksum
             got = t.score([list(range(9, 70))], top_k=4)
     assert torch.equal(got.topk_logprobs[0], expected.topk_logprobs[0])
 

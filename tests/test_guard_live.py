@@ -109,7 +109,10 @@ def test_unreachable_teacher_is_a_finding_not_an_exception():
     guard = DistillGuard(run=RunSpec(vocab_size=512), teacher=teacher, canary=Canary())
     slept = guard.sleep(0)  # fingerprint and release fail: recorded, not raised
     assert slept.action is Action.ALERT
-    assert {f.values["during"] for f in slept.reasons} == {"fingerprint before sleep", "release"}
+    assert {f.values["during"] for f in slept.reasons} == {
+        "fingerprint before sleep",
+        "drain before release (not released)",  # an undrained teacher is never released
+    }
     d = guard.wake(0)  # never released, so never resumed: only the canary, which fails too
     assert d.action is Action.ALERT
     assert Code.TEACHER_UNREACHABLE in guard.summary.count

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from distill_guard.findings import Finding, Severity
+from distill_guard.findings import Code, Finding, Severity
 from distill_guard.live.canary import Canary, teacher_error_finding
 from distill_guard.live.incidents import IncidentTracker
 from distill_guard.live.repair import EventSink, Reloader, RepairOutcome, repair_teacher
@@ -54,6 +54,8 @@ class ColocatedTeacher:
         self.repair_attempts = repair_attempts
         self.repair_backoff_s = repair_backoff_s
         self.incidents = IncidentTracker()
+        self._drained = False
+        self._checksum: str | None = None
         self.seconds: dict[str, float] = {}
         """Wall time of the last ``release`` and ``resume`` calls (the host's, where it made them)."""
 
@@ -68,42 +70,78 @@ class ColocatedTeacher:
 
     def sleep(self, step: int, release: Callable[[], Any] | None = None) -> list[Finding]:
         """Fingerprint the teacher, then release it (or run the host's ``release``)."""
-        findings: list[Finding] = []
-        try:
-            self.canary.fingerprint(self.teacher, step=step)
+        findings = self.fingerprint(step)
+        if release is not None:
+            self._timed("release", release)  # the host's own call: its errors are its own
+            self.teacher.mark_released(self.tags)
+            return findings
+        try:  # SGLang's release asserts an idle server: drain first, or do not release
+            self.teacher.drain()
         except TeacherError as e:
             findings.append(
                 teacher_error_finding(
-                    e, step, during="fingerprint before sleep", severity=Severity.WARN
+                    e, step, during="drain before release (not released)", severity=Severity.WARN
                 )
             )
+            return findings
+        self._drained = True
         try:
-            if release is not None:
-                self._timed("release", release)  # the host's own call: its errors are its own
-                self.teacher.mark_released(self.tags)
-            else:
-                self._timed("release", lambda: self.teacher.release(self.tags))
+            self._timed("release", lambda: self.teacher.release(self.tags))
         except TeacherError as e:  # it stays awake: nothing it scores is wrong, memory is not freed
             findings.append(
                 teacher_error_finding(e, step, during="release", severity=Severity.WARN)
             )
+            self._undrain(findings, step)
         return findings
+
+    def _undrain(self, findings: list[Finding], step: int) -> None:
+        if not self._drained:
+            return
+        try:
+            self.teacher.undrain()
+            self._drained = False
+        except TeacherError as e:
+            findings.append(
+                teacher_error_finding(e, step, during="continue generation", severity=Severity.WARN)
+            )
+
+    def fingerprint(self, step: int) -> list[Finding]:
+        """Take the reference the next wake is held against (canary, and the weights checksum
+        where the server has one). Where the host sleeps the teacher itself, call it at a point
+        where the teacher is awake and nothing else releases it meanwhile."""
+        try:
+            self.canary.fingerprint(self.teacher, step=step)
+            self._checksum = self._weights_checksum()
+        except TeacherError as e:
+            return [
+                teacher_error_finding(
+                    e, step, during="fingerprint before sleep", severity=Severity.WARN
+                )
+            ]
+        return []
 
     def wake(self, step: int, resume: Callable[[], Any] | None = None) -> list[Finding]:
         """Resume the teacher (or run the host's ``resume``), then verify it with the canary.
 
-        The guard resumes only a teacher it knows is asleep (a release that failed left it
-        awake, and resuming an unreleased tag kills an SGLang server)."""
+        The guard resumes only a teacher it knows is asleep, and asks a server first (a release
+        that failed left it awake, someone else may have woken it, and resuming a tag that is
+        not released kills an SGLang server)."""
         try:
             if resume is not None:
                 self._timed("resume", resume)
                 self.teacher.mark_resumed(self.tags)
-            elif self.asleep:
+            elif self.asleep and (self._drained or self.teacher.confirm_asleep()):
+                # drained by the guard: it holds the teacher, no one else woke it
                 self._timed("resume", lambda: self.teacher.resume(self.tags))
         except TeacherError as e:
             return [teacher_error_finding(e, step, during="resume")]
+        undrained: list[Finding] = []
+        self._undrain(undrained, step)
+        if undrained:
+            return undrained
         try:
             findings = self.canary.verify(self.teacher, step=step)
+            findings += self._verify_checksum(step)
         except TeacherError as e:
             return [
                 teacher_error_finding(e, step, during="canary after wake", severity=Severity.WARN)
@@ -111,6 +149,33 @@ class ColocatedTeacher:
         if not findings:
             self.incidents.on_clean_wake(step)
         return findings
+
+    def _weights_checksum(self) -> str | None:
+        """SGLang 0.5.23's exact, forward-free ``/weights_checker`` checksum, where there is one."""
+        checksum = getattr(self.teacher, "checksum", None)
+        return checksum() if callable(checksum) else None
+
+    def _verify_checksum(self, step: int) -> list[Finding]:
+        """Beside the canary: the checksum is exact for the parameters but skips RoPE-style
+        buffers, which the canary sees; either one failing is a changed teacher."""
+        before, self._checksum = self._checksum, None
+        if before is None:
+            return []
+        after = self._weights_checksum()
+        if after is None or after == before:
+            return []
+        return [
+            Finding(
+                Code.TEACHER_FINGERPRINT_MISMATCH,
+                Severity.CRITICAL,
+                "The teacher's weights checksum (/weights_checker) changed across sleep and wake: "
+                f"{before[:16]}… before, {after[:16]}… after (bound: bit-exact). Its weights are "
+                "not the ones it slept with. Rewake it (reload, verify) and relaunch it with "
+                "--enable-weights-cpu-backup.",
+                step,
+                {"checksum_before": before, "checksum_after": after, "source": "weights_checker"},
+            )
+        ]
 
     def _timed(self, what: str, call: Callable[[], Any]) -> None:
         t0 = time.perf_counter()

@@ -69,7 +69,7 @@ def repair_teacher(
         emit("repair.attempt", {"attempt": attempt, "max_attempts": max_attempts, "step": step})
         stage = "resume"
         try:
-            if teacher.asleep:
+            if teacher.asleep and teacher.confirm_asleep():  # never resume an awake teacher
                 teacher.resume()
                 emit("repair.resume", {"attempt": attempt})
             stage = "reload"

@@ -263,6 +263,18 @@ class TrackedTeacher:
     def mark_resumed(self, tags: Sequence[str] | None = None) -> None:
         self.sleep_state.mark_resumed(tags)
 
+    def confirm_asleep(self) -> bool:
+        """Whether the teacher really is asleep, before a resume that would kill it if not.
+        In process the tracked state is the truth; a server client asks the server."""
+        return self.asleep
+
+    def drain(self) -> None:
+        """Before a release the guard makes: let running requests finish, hold new ones
+        (SGLang's release asserts an idle server). In process there is nothing to drain."""
+
+    def undrain(self) -> None:
+        """After the wake: let held requests run again."""
+
     def _score(self, sequences: list[list[int]], top_k: int, logprob_start_len: int) -> ScoreResult:
         raise NotImplementedError
 
@@ -284,3 +296,23 @@ def read_vocab_size(model_path: str | Path | None) -> int | None:
         return None
     v = data.get("vocab_size") or (data.get("text_config") or {}).get("vocab_size")
     return int(v) if v else None
+
+
+SECRET_KEY_PARTS = ("key", "token", "secret", "password", "credential")
+
+
+def redact(info: Any) -> Any:
+    """Server arguments with every key-like value replaced: ``/server_info`` returns SGLang's
+    resolved arguments as they are, ``--api-key`` included (``docs/sglang-contract.md`` §7.7)."""
+    if isinstance(info, dict):
+        return {
+            k: (
+                "<redacted>"
+                if v and any(p in str(k).lower() for p in SECRET_KEY_PARTS)
+                else redact(v)
+            )
+            for k, v in info.items()
+        }
+    if isinstance(info, list):
+        return [redact(v) for v in info]
+    return info

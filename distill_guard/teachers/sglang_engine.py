@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from distill_guard.teachers._sglang_wire import parse_score_response
@@ -11,6 +12,7 @@ from distill_guard.teachers.base import (
     TrackedTeacher,
     read_vocab_size,
 )
+from distill_guard.teachers.capabilities import Capabilities, capabilities_for
 
 
 def _check_result(result: Any, what: str) -> None:
@@ -42,6 +44,7 @@ class SGLangEngineTeacher(TrackedTeacher):
         self.engine = engine
         self._vocab_size = vocab_size
         self._info: dict[str, Any] | None = None
+        self._caps: Capabilities | None = None
 
     @classmethod
     def launch(cls, **server_args: Any) -> SGLangEngineTeacher:
@@ -73,6 +76,32 @@ class SGLangEngineTeacher(TrackedTeacher):
             top_logprobs_num=top_k if top_k > 0 else None,
         )
         return parse_score_response(out, sequences, top_k, logprob_start_len)
+
+    def release(self, tags: Sequence[str] | None = None) -> None:
+        self._learn_tags()
+        super().release(tags)
+
+    def resume(self, tags: Sequence[str] | None = None) -> None:
+        self._learn_tags()
+        super().resume(tags)
+
+    def _learn_tags(self) -> None:
+        if self._caps is None:
+            info = self._info if self._info is not None else self.server_info()
+            self._caps = capabilities_for(info.get("version"))
+            self.sleep_state.tags_supported = self._caps.tags
+
+    def confirm_asleep(self) -> bool:
+        """Ask the engine with a two-token scoring call before a resume: in process, a resume of
+        a tag that is not released kills the scheduler and with it this process."""
+        if not self.asleep:
+            return False
+        try:
+            self._score([[0, 0]], 0, 0)
+        except TeacherError:
+            return True
+        self.sleep_state.mark_resumed(None)
+        return False
 
     def _release(self, tags: tuple[str, ...]) -> None:
         _check_result(

@@ -15,10 +15,13 @@ from distill_guard.teachers.base import (
     ScoreResult,
     TeacherError,
     TeacherHTTPError,
+    TeacherStateError,
     TeacherUnreachable,
     TrackedTeacher,
     read_vocab_size,
+    redact,
 )
+from distill_guard.teachers.capabilities import Capabilities, capabilities_for
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +86,9 @@ class SGLangHTTPTeacher(TrackedTeacher):
             retry_backoff_s: first pause between tries, doubled each time.
             vocab_size: V when known; otherwise read from ``config.json`` at the server's
                 ``model_path`` if this machine can read it.
-            tags_supported: None detects it: a server without ``/server_info`` (older SGLang) is
-                treated as ignoring tags, so every release and resume acts on all of them.
+            tags_supported: None reads it from the server's version (``capabilities``): SGLang
+                0.4.8 and later honour memory tags; an unknown version is treated as ignoring
+                them, so every release and resume acts on all of them.
         """
         super().__init__()
         base = url.rstrip("/")
@@ -99,7 +103,7 @@ class SGLangHTTPTeacher(TrackedTeacher):
             self.sleep_state.tags_supported = tags_supported
         self._tags_supported = tags_supported
         self._vocab_size = vocab_size
-        self._info_path: str | None = None
+        self._caps: Capabilities | None = None
         self._model_path: str | None = None
         key = os.environ.get(api_key_env) if api_key_env else None
         admin_key = os.environ.get(admin_api_key_env) if admin_api_key_env else None
@@ -108,6 +112,7 @@ class SGLangHTTPTeacher(TrackedTeacher):
             {"Authorization": f"Bearer {admin_key}"} if admin_key else dict(self._headers)
         )
         self._key_env = api_key_env
+        self._admin_key_env = admin_api_key_env if admin_key else None
         self._client = httpx.Client(base_url=self.url, transport=transport)
 
     # -- transport -------------------------------------------------------------------------
@@ -121,8 +126,15 @@ class SGLangHTTPTeacher(TrackedTeacher):
         idempotent: bool = False,
         admin: bool = False,
         allow_404: bool = False,
+        timeout_s: float | None = None,
     ) -> httpx.Response:
-        limit = self.admin_timeout_s if admin else self.timeout_s
+        limit = (
+            timeout_s
+            if timeout_s is not None
+            else self.admin_timeout_s
+            if admin
+            else self.timeout_s
+        )
         deadline = time.monotonic() + limit
         tries = 1 + (self.max_retries if idempotent else 0)
         headers = self._admin_headers if admin else self._headers
@@ -146,11 +158,9 @@ class SGLangHTTPTeacher(TrackedTeacher):
                     return resp
                 message, body = error_message(resp)
                 if resp.status_code == 401:
-                    message += (
-                        f" (send the server's --api-key through ${self._key_env})"
-                        if self._key_env
-                        else ""
-                    )
+                    env = self._admin_key_env if admin else self._key_env
+                    which = "--admin-api-key" if admin else "--api-key"
+                    message += f" (send the server's {which} through ${env})" if env else ""
                 last = TeacherHTTPError(path, resp.status_code, message, body=body)
                 if resp.status_code not in RETRY_STATUSES:
                     raise last
@@ -186,15 +196,54 @@ class SGLangHTTPTeacher(TrackedTeacher):
     def _memory_body(self, tags: tuple[str, ...]) -> dict[str, Any]:
         return {"tags": list(tags)} if self.sleep_state.tags_supported else {}
 
+    @property
+    def capabilities(self) -> Capabilities:
+        """What this server's SGLang version can do (read once from ``/get_server_info``)."""
+        if self._caps is None:
+            self.server_info()
+        assert self._caps is not None
+        return self._caps
+
     def release(self, tags: Sequence[str] | None = None) -> None:
-        if self._tags_supported is None:
-            self.server_info()  # detects an old server, which ignores tags
+        self._learn_tags()
         super().release(tags)
 
     def resume(self, tags: Sequence[str] | None = None) -> None:
-        if self._tags_supported is None:
-            self.server_info()
+        self._learn_tags()
         super().resume(tags)
+
+    def _learn_tags(self) -> None:
+        if self._tags_supported is None:
+            self.sleep_state.tags_supported = self.capabilities.tags
+
+    def confirm_asleep(self) -> bool:
+        """Ask the server: a two-token scoring call answers when it is awake. SGLang has no
+        "is asleep" query, and resuming a tag that is not released kills it."""
+        if not self.asleep:
+            return False
+        body = score_request([[0, 0]], 0, 0)
+        try:
+            self._request("POST", "/generate", json=body, timeout_s=min(self.timeout_s, 5.0))
+        except TeacherHTTPError:
+            return True
+        except TeacherUnreachable as e:  # paused, or gone: cannot tell, so do not resume
+            raise TeacherStateError(
+                f"cannot tell whether {self.url} is asleep ({e}); not sending a resume that would "
+                "kill it if it is awake"
+            ) from e
+        log.warning(
+            "%s answered a scoring call while tracked as asleep: marking it awake", self.url
+        )
+        self.sleep_state.mark_resumed(None)
+        return False
+
+    def drain(self) -> None:
+        """``/pause_generation`` (``retract``: running requests go back to the queue and finish
+        after ``/continue_generation``), so the release finds an idle server."""
+        self._request("POST", "/pause_generation", json={"mode": "retract"}, admin=True)
+
+    def undrain(self) -> None:
+        self._request("POST", "/continue_generation", json={}, admin=True)
 
     def _release(self, tags: tuple[str, ...]) -> None:
         self._request(
@@ -205,45 +254,54 @@ class SGLangHTTPTeacher(TrackedTeacher):
         self._request("POST", "/resume_memory_occupation", json=self._memory_body(tags), admin=True)
 
     def reload_weights(self, model_path: str | None = None) -> None:
-        """``/update_weights_from_disk`` (in place) from ``model_path``, default the server's own."""
-        path = model_path or self.model_path
+        """``/update_weights_from_disk`` in place, from ``model_path``, default the path the server
+        serves now (``/model_info``: after an update from another path, ``/server_info`` still
+        names the launch path). The cache is flushed separately (``?timeout=``): SGLang's
+        built-in flush is refused under traffic and then reports failure although the weights
+        are in, and a blind retry would load them again."""
+        path = model_path or self.model_info().get("model_path") or self.model_path
         if not path:
             raise TeacherError("reload_weights: the server reports no model_path; pass one")
-        resp = self._request(
-            "POST", "/update_weights_from_disk", json={"model_path": path}, admin=True
-        )
+        body: dict[str, Any] = {"model_path": path}
+        if self.capabilities.server_info:  # the versions with /model_info take flush_cache
+            body["flush_cache"] = False
+        resp = self._request("POST", "/update_weights_from_disk", json=body, admin=True)
         self._json(resp, "/update_weights_from_disk")
+        self.flush_cache()
 
-    def flush_cache(self) -> None:
-        """``/flush_cache``; SGLang refuses (400) while requests are running."""
-        self._request("POST", "/flush_cache", admin=True)
+    def flush_cache(self, timeout_s: float | None = None) -> None:
+        """``/flush_cache?timeout=S``: waits up to S for running requests (400 if still busy)."""
+        wait = self.timeout_s if timeout_s is None else timeout_s
+        self._request("POST", f"/flush_cache?timeout={wait:g}", admin=True)
+
+    def model_info(self) -> dict[str, Any]:
+        """``/model_info`` (``/get_model_info`` before 0.5.6): what the server serves now."""
+        path = "/model_info" if self.capabilities.server_info else "/get_model_info"
+        info = self._json(self._request("GET", path, idempotent=True), path)
+        return info if isinstance(info, dict) else {}
+
+    def checksum(self) -> str | None:
+        """``/weights_checker {"action": "checksum"}``: an exact, forward-free hash of the
+        weights (SGLang 0.5.23); None where the version has none."""
+        if not self.capabilities.checksum:
+            return None
+        resp = self._request("POST", "/weights_checker", json={"action": "checksum"}, admin=True)
+        body = self._json(resp, "/weights_checker")
+        sums = body.get("per_engine_checksum") if isinstance(body, dict) else None
+        return "/".join(map(str, sums)) if sums else None
 
     def server_info(self) -> dict[str, Any]:
-        """``/server_info``, or ``/get_server_info`` on servers that predate the rename."""
-        paths = [self._info_path] if self._info_path else ["/server_info", "/get_server_info"]
-        for path in paths:
-            resp = self._request("GET", path, idempotent=True, allow_404=True)
-            if resp.status_code == 404:
-                continue
-            info = self._json(resp, path)
-            if not isinstance(info, dict):
-                raise TeacherHTTPError(path, resp.status_code, f"expected an object, got {info!r}")
-            if self._info_path is None:
-                self._info_path = path
-                if self._tags_supported is None:
-                    self._tags_supported = path == "/server_info"
-                    self.sleep_state.tags_supported = self._tags_supported
-                    if not self._tags_supported:
-                        log.warning(
-                            "%s has no /server_info (older SGLang): treating it as ignoring "
-                            "memory tags, so every release and resume acts on all of them",
-                            self.url,
-                        )
-            self._model_path = info.get("model_path") or self._model_path
-            return info
-        raise TeacherHTTPError(
-            "/server_info", 404, "neither /server_info nor /get_server_info exists"
-        )
+        """``/get_server_info`` (every SGLang version serves it), key-like values redacted."""
+        path = "/get_server_info"
+        info = self._json(self._request("GET", path, idempotent=True), path)
+        if not isinstance(info, dict):
+            raise TeacherHTTPError(path, None, f"expected an object, got {type(info).__name__}")
+        if self._caps is None:
+            self._caps = capabilities_for(info.get("version"))
+            if not self._caps.known:
+                log.warning("%s: %s", self.url, self._caps.note)
+        self._model_path = info.get("model_path") or self._model_path
+        return redact(info)
 
     @property
     def model_path(self) -> str | None:
@@ -262,7 +320,10 @@ class SGLangHTTPTeacher(TrackedTeacher):
         return self._vocab_size
 
     def health(self) -> bool:
-        """``/health``: True on 200. Says the server answers, not that its weights are sane."""
+        """``/health``: True on 200. Says the server answers, not that its weights are sane. It
+        runs a real generation, so it is never sent to a teacher that is asleep."""
+        if self.asleep:
+            raise TeacherStateError("refusing /health while the teacher is asleep: it generates")
         try:
             return self._request("GET", "/health", idempotent=True).status_code == 200
         except TeacherError:

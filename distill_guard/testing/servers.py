@@ -27,11 +27,18 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def reference_teacher(
-    model_dir: str | Path, *, old_api: bool = False, api_key: str | None = None, **kw: Any
+    model_dir: str | Path,
+    *,
+    version: str = "0.5.23",
+    api_key: str | None = None,
+    latency_s: float = 0.0,
+    **kw: Any,
 ) -> Iterator[tuple[str, TorchTeacher]]:
     """A :class:`TorchTeacher` (``**kw``) served in a background thread; yields (url, teacher)."""
     teacher = TorchTeacher.from_pretrained(model_dir, **kw)
-    with serve_in_thread(ReferenceServer(teacher, old_api=old_api, api_key=api_key)) as url:
+    with serve_in_thread(
+        ReferenceServer(teacher, version=version, api_key=api_key, latency_s=latency_s)
+    ) as url:
         yield url, teacher
 
 

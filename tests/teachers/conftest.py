@@ -30,7 +30,8 @@ ServeFn = Callable[..., tuple[str, TorchTeacher]]
 
 @pytest.fixture
 def serve() -> Iterator[ServeFn]:
-    """``serve(model_dir, old_api=..., api_key=..., **TorchTeacher kwargs) -> (url, teacher)``: a
+    """``serve(model_dir, version=..., api_key=..., latency_s=..., **TorchTeacher kwargs) -> (url,
+    teacher)``: a
     reference server in a background thread on a free 127.0.0.1 port, stopped after the test."""
     with contextlib.ExitStack() as stack:
 

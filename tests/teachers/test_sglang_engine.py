@@ -19,8 +19,15 @@ from distill_guard.teachers._sglang_wire import build_score_item
 from distill_guard.teachers.base import normalize_tags
 
 
+class ProcessKilled(BaseException):
+    """What a dying in-process scheduler does to its host: SIGQUIT, then the process tree is
+    killed. A BaseException, so no ``except Exception`` in the adapter can turn it into an error."""
+
+
 class FakeEngine:
-    """sglang.Engine's surface over a TorchTeacher: Python tuples, KeyError on a bad resume."""
+    """sglang.Engine's surface over a TorchTeacher, as harsh as SGLang: a resume of a tag that
+    is not released, or a second release, kills the calling process (``docs/sglang-contract.md``
+    §7.1)."""
 
     def __init__(self, teacher: TorchTeacher) -> None:
         self.t = teacher
@@ -49,14 +56,17 @@ class FakeEngine:
     def release_memory_occupation(self, tags=None):
         self.calls.append(("release", tags))
         tags = normalize_tags(tags)
-        assert not (set(tags) & self.offload_tags), "torch_memory_saver would exit(1) here"
+        if set(tags) & self.offload_tags:
+            raise ProcessKilled("second release: torch_memory_saver exit(1)")
         self.t.release(tags)
         self.offload_tags |= set(tags)
 
     def resume_memory_occupation(self, tags=None):
         self.calls.append(("resume", tags))
         for tag in normalize_tags(tags):
-            self.offload_tags.remove(tag)  # KeyError, as in SGLang
+            if tag not in self.offload_tags:
+                raise ProcessKilled(f"KeyError {tag!r} in the scheduler: SIGQUIT to the host")
+            self.offload_tags.remove(tag)
         self.t.resume(normalize_tags(tags))
 
     def update_weights_from_disk(self, model_path, load_format=None):
@@ -71,7 +81,7 @@ class FakeEngine:
         self.calls.append(("flush_cache", None))
 
     def get_server_info(self):
-        return self.t.server_info()
+        return {**self.t.server_info(), "version": "0.5.23"}
 
 
 @pytest.fixture
@@ -114,8 +124,23 @@ def test_engine_failures_become_teacher_errors(engine) -> None:
     t = SGLangEngineTeacher(engine)
     with pytest.raises(TeacherError, match="update_weights_from_disk failed"):
         t.reload_weights("/nonexistent")
-    with pytest.raises(TeacherError, match="KeyError"):
-        t._resume(("weights",))  # bypass the tracker: the engine's own KeyError
+    with pytest.raises(ProcessKilled):  # bypassing the tracker: in process, this is fatal
+        t._resume(("weights",))
+
+
+def test_a_framework_waking_the_engine_behind_the_guards_back_is_never_fatal(engine) -> None:
+    from distill_guard.live.canary import Canary
+    from distill_guard.live.repair import repair_teacher
+
+    t = SGLangEngineTeacher(engine)
+    canary = Canary(length=16)
+    canary.fingerprint(t)
+    t.release()
+    engine.resume_memory_occupation(None)  # the framework resumed it with its own handle
+    assert t.asleep  # the tracker is stale
+    outcome = repair_teacher(t, canary, backoff_s=0)  # asks first, never resumes twice
+    assert outcome.ok and not t.asleep
+    assert [c[0] for c in engine.calls].count("resume") == 1
 
 
 def test_launch_without_sglang_says_what_to_install() -> None:

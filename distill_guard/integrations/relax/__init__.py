@@ -17,8 +17,7 @@ redai-infra SDPO branch); nothing in Relax is patched::
   and the step's verdict is posted for the trainer.
 - :func:`before_train_step_hook` is the gate before the optimizer (:mod:`.trainer`): every
   trainer rank reads the verdict and trains, skips the update, or checkpoints and halts.
-- :func:`rollout_log_function` completes the step's verdict, fingerprints the teacher for the
-  next step's canary and adds ``guard/*`` metrics.
+- :func:`rollout_log_function` completes the step's verdict and adds ``guard/*`` metrics.
 - The feedback classes (:mod:`.feedback`) mask dead samples per sample on the SDPO branch.
 
 Settings: :mod:`.setup`. The launchers are in ``examples/relax/``.

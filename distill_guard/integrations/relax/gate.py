@@ -7,8 +7,8 @@ values and still runs before the put, on both Relax lines, is the dynamic sampli
 called once per finished group, after teacher scoring. There the gate
 
 - at the step's first group, checks the teacher with the canary against the fingerprint taken at
-  the end of the previous rollout (Relax released and resumed it in between: the colocated step's
-  sleep and wake, with Relax's own release and resume);
+  the previous step's first group (Relax released and resumed it in between: the colocated step's
+  sleep and wake, with Relax's own release and resume), then takes the next reference;
 - judges each sample's values (uniform, non-finite) and, when the step's canary failed, takes
   every sample of the step as scored by a dead teacher;
 - acts on the guard's decision: on a halt it masks the group and posts ``halt``; after a verified
@@ -106,10 +106,15 @@ class RelaxGate:
         decision = self.guard.wake(step, resume=_host_call)
         if decision.action is Action.HALT:
             tally.raise_to(Verdict.HALT, _why(decision))
+            return
         if any(f.severity is Severity.CRITICAL for f in decision.reasons):
             self._canary_failed.add(step)
         if decision.repaired:
             self._repaired.add(step)
+        # The next step's reference, taken now: the teacher is awake and Relax's trainer cannot
+        # release it before this step's data is queued. At the log hook it could: the trainer
+        # may already be releasing it, and a request in flight during a release kills SGLang.
+        self.guard.colocated.fingerprint(step)
 
     def _dead(self, step: int, group: Sequence[Any]) -> list[Any]:
         """The group's samples scored by a dead teacher: every scored one when the step's canary
@@ -208,15 +213,12 @@ class RelaxGate:
         self.complete_step(self.step)
 
     def complete_step(self, rollout_id: int) -> None:
-        """Post the step's final verdict, fingerprint the teacher for the next step's canary (the
-        trainer releases it next), and move on to the next step."""
+        """Post the step's final verdict and move on to the next step."""
         tally = self.tally(rollout_id)
         if tally.verdict is Verdict.TRAIN and tally.samples and tally.masked == tally.samples:
             tally.raise_to(Verdict.SKIP, "every sample of the step was masked")
         tally.complete = True
         self._post(tally)
-        if tally.verdict is not Verdict.HALT and self.guard.colocated is not None:
-            self.guard.sleep(rollout_id, release=_host_call)
         self.step = rollout_id + 1
 
     def metrics(self, tally: StepVerdict) -> dict[str, float]:

@@ -12,7 +12,7 @@ Emulated SGLang behaviour, and where it is a choice:
   Here the release answers 500 and the server stays dead: every later request gets 503.
 - Resume of a tag that is not released raises ``KeyError`` in SGLang: here 400 with that message.
 - ``/generate`` while released is unconfirmed in SGLang; here it answers 400 and scores nothing.
-- ``old_api=True`` serves ``/get_server_info`` only (no ``/server_info``) and ignores tags.
+- ``version`` picks the SGLang release emulated: tags, default tags, ``/server_info`` and ``/model_info``, the checksum.
 """
 
 from distill_guard.testing.reference_server.engine import ReferenceServer

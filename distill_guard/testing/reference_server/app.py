@@ -7,7 +7,9 @@ from typing import TYPE_CHECKING, Any
 from distill_guard.teachers._sglang_wire import json_safe
 from distill_guard.teachers.base import TeacherError
 from distill_guard.testing.reference_server.engine import (
+    ADMIN_PATHS,
     NO_AUTH_PATHS,
+    Busy,
     ContractError,
     ReferenceServer,
     SchedulerDead,
@@ -30,7 +32,7 @@ def create_app(server: "ReferenceServer") -> "FastAPI":
         title="distill_guard reference teacher server (not SGLang)",
         description="A TorchTeacher behind SGLang's native endpoints, for offline runs and tests.",
     )
-    lock = threading.Lock()  # SGLang's release asserts an idle server; here one call at a time
+    admin_lock = threading.Lock()  # one admin action at a time; /generate runs alongside
 
     def error(status: int, message: str) -> JSONResponse:
         return JSONResponse({"error": {"message": message}}, status_code=status)
@@ -45,18 +47,27 @@ def create_app(server: "ReferenceServer") -> "FastAPI":
             raise ContractError(f"body is not JSON: {e}") from e
 
     async def call(fn: Any, *args: Any) -> Any:
+        return await run_in_threadpool(fn, *args)
+
+    async def admin(fn: Any, *args: Any) -> Any:
         def locked() -> Any:
-            with lock:
+            with admin_lock:
                 return fn(*args)
 
         return await run_in_threadpool(locked)
 
     @app.middleware("http")
     async def auth(request: Request, call_next: Any) -> Response:
+        """SGLang's keys: admin endpoints take only the admin key when one is set; the others
+        take only ``--api-key``; health and readiness are open."""
+        path = request.url.path
+        want = (
+            server.admin_api_key if path in ADMIN_PATHS and server.admin_api_key else server.api_key
+        )
         if (
-            server.api_key
-            and request.url.path not in NO_AUTH_PATHS
-            and request.headers.get("authorization") != f"Bearer {server.api_key}"
+            want
+            and path not in NO_AUTH_PATHS
+            and request.headers.get("authorization") != f"Bearer {want}"
         ):
             return JSONResponse({"error": "Unauthorized"}, status_code=401)
         return await call_next(request)
@@ -73,35 +84,59 @@ def create_app(server: "ReferenceServer") -> "FastAPI":
     async def teacher_error(request: Request, e: TeacherError) -> Response:
         return error(400, str(e))
 
+    @app.exception_handler(Busy)
+    async def busy(request: Request, e: Busy) -> Response:
+        return PlainTextResponse(str(e), status_code=400)
+
     @app.api_route("/generate", methods=["POST", "PUT"])
     async def generate(request: Request) -> Response:
         return JSONResponse(await call(server.generate, await body_of(request)))
 
     @app.api_route("/release_memory_occupation", methods=["GET", "POST"])
     async def release(request: Request) -> Response:
-        await call(server.release, await body_of(request))
+        await admin(server.release, await body_of(request))
         return JSONResponse(None)
 
     @app.api_route("/resume_memory_occupation", methods=["GET", "POST"])
     async def resume(request: Request) -> Response:
-        await call(server.resume, await body_of(request))
+        await admin(server.resume, await body_of(request))
         return JSONResponse(None)
+
+    @app.api_route("/pause_generation", methods=["POST"])
+    async def pause_generation(request: Request) -> Response:
+        await admin(server.pause_generation, await body_of(request))
+        return JSONResponse({"success": True})
+
+    @app.api_route("/continue_generation", methods=["POST"])
+    async def continue_generation(request: Request) -> Response:
+        await admin(server.continue_generation, await body_of(request))
+        return JSONResponse({"success": True})
 
     @app.post("/update_weights_from_disk")
     async def update_weights_from_disk(request: Request) -> Response:
-        status, body = await call(server.update_weights_from_disk, await body_of(request))
+        status, body = await admin(server.update_weights_from_disk, await body_of(request))
         return JSONResponse(body, status_code=status)
 
+    if server.caps.checksum:
+
+        @app.post("/weights_checker")
+        async def weights_checker(request: Request) -> Response:
+            return JSONResponse(await admin(server.weights_checker, await body_of(request)))
+
     @app.api_route("/flush_cache", methods=["GET", "POST"])
-    async def flush_cache() -> Response:
-        server.check_alive()
-        await call(server.teacher.flush_cache)
+    async def flush_cache(request: Request) -> Response:
+        raw = request.query_params.get("timeout")
+        try:
+            timeout_s = float(raw) if raw is not None else None
+        except ValueError as e:
+            raise ContractError(f"timeout must be a number of seconds, got {raw!r}") from e
+        await admin(server.flush_cache, timeout_s)
         return PlainTextResponse(
             "Cache flushed.\nPlease check backend logs for more details. (When there are running "
             "or waiting requests, the operation will not be performed.)\n"
         )
 
-    if not server.old_api:
+    if server.caps.server_info:
 
         @app.get("/server_info")
         async def server_info() -> Response:

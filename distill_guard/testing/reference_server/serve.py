@@ -1,6 +1,7 @@
 """Serving the reference server on loopback: in a background thread (tests) or the foreground."""
 
 import contextlib
+import os
 import socket
 import threading
 import time
@@ -49,6 +50,12 @@ class ServerThread:
         """Serve in the calling thread until interrupted."""
         self._server.run(sockets=[self._sock])
 
+    def die(self) -> None:
+        """Stop accepting and serving at once, as a process that was killed (the request being
+        answered may still get its error)."""
+        self._server.should_exit = True
+        self._server.force_exit = True
+
     def stop(self) -> None:
         self._server.should_exit = True
         self._thread.join(timeout=10)
@@ -64,12 +71,18 @@ class ServerThread:
 
 @contextlib.contextmanager
 def serve_in_thread(server: ReferenceServer) -> Iterator[str]:
-    """Serve ``server`` on a free 127.0.0.1 port for the duration of the block; yields its URL."""
+    """Serve ``server`` on a free 127.0.0.1 port for the duration of the block; yields its URL.
+
+    Where SGLang's process would die, the thread stops serving: later connections are refused.
+    """
     with ServerThread(create_app(server)) as thread:
+        server.on_fatal = thread.die
         yield thread.url
 
 
 def serve(server: ReferenceServer, *, host: str = "127.0.0.1", port: int = 30000) -> None:
-    """Serve in the foreground until interrupted (``distill-guard serve-reference``)."""
+    """Serve in the foreground until interrupted (``distill-guard serve-reference``); the
+    process exits with status 1 where SGLang's would die."""
     thread = ServerThread(create_app(server), host=host, port=port, log_level="info")
+    server.on_fatal = lambda: threading.Timer(0.05, os._exit, args=(1,)).start()
     thread.run_forever()
