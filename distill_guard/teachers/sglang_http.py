@@ -259,12 +259,15 @@ class SGLangHTTPTeacher(TrackedTeacher):
         names the launch path). The cache is flushed separately (``?timeout=``): SGLang's
         built-in flush is refused under traffic and then reports failure although the weights
         are in, and a blind retry would load them again."""
-        path = model_path or self.model_info().get("model_path") or self.model_path
+        served = self.model_info() if model_path is None else {}
+        path = model_path or served.get("model_path") or self.model_path
         if not path:
             raise TeacherError("reload_weights: the server reports no model_path; pass one")
         body: dict[str, Any] = {"model_path": path}
-        if self.capabilities.server_info:  # the versions with /model_info take flush_cache
+        if self.capabilities.server_info:  # the versions with /model_info take these
             body["flush_cache"] = False
+            if served.get("weight_version"):
+                body["weight_version"] = served["weight_version"]
         resp = self._request("POST", "/update_weights_from_disk", json=body, admin=True)
         self._json(resp, "/update_weights_from_disk")
         self.flush_cache()

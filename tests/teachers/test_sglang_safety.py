@@ -123,7 +123,10 @@ def test_a_teacher_updated_from_a_second_path_is_repaired_to_that_path(tiny_dir,
     url, teacher = serve(tiny_dir, enable_cpu_backup=False)
     t = SGLangHTTPTeacher(url)
     t.reload_weights(str(newer))  # the run updates the teacher from another checkpoint
-    assert t.model_info()["model_path"] == str(newer)
+    httpx.post(
+        url + "/update_weights_from_disk", json={"model_path": str(newer), "weight_version": "v2"}
+    )
+    assert t.model_info()["model_path"] == str(newer) and t.model_info()["weight_version"] == "v2"
     assert t.server_info()["model_path"] == str(tiny_dir)  # /server_info: still the launch path
     colocated = ColocatedTeacher(t, Canary(length=16), repair_backoff_s=0)
     colocated.sleep(0)
@@ -131,7 +134,7 @@ def test_a_teacher_updated_from_a_second_path_is_repaired_to_that_path(tiny_dir,
     assert cause  # it lost its weights at the wake
     outcome, _ = colocated.repair(0, cause)
     assert outcome.ok  # verified against the pre-sleep canary, which saw the newer weights
-    assert teacher.model_path == str(newer)
+    assert teacher.model_path == str(newer) and t.model_info()["weight_version"] == "v2"
 
 
 def test_a_reload_whose_builtin_flush_is_refused_is_not_repeated(tiny_dir, serve) -> None:
