@@ -55,7 +55,7 @@ from distill_guard.testing.reference_server import ReferenceServer, serve_in_thr
 from distill_guard.testing.servers import free_port
 
 VOCAB, PROMPT, RESPONSE, TEACHER_PROMPT = 128, 6, 10, 9
-GROUPS, PER_GROUP, TOP_K, RANKS = 3, 2, 4, 2
+GROUPS, PER_GROUP, TOP_K, RANKS, STEPS = 3, 2, 4, 2, 2
 HOOKS = "distill_guard.integrations.relax"
 TOLERANCE = 1e-3
 """A queued teacher value further than this from the never-slept teacher's is poisoned."""
@@ -404,7 +404,7 @@ def run(
     backup: bool,
     guarded: bool = True,
     on_dead: str = "halt",
-    steps: int = 3,
+    steps: int = STEPS,
     gates: tuple[str, ...] | None = None,
     env: dict[str, str] | None = None,
 ) -> dict[str, Any]:

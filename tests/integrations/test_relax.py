@@ -298,12 +298,12 @@ def test_trainer_gate_reads_the_verdict_and_halts_after_a_checkpoint(tmp_path):
 def test_without_the_guard_every_update_trains_on_the_dead_teacher(tmp_path, teacher_dir, line):
     """The failure, reproduced in Relax's order: the harness can tell a poisoned update."""
     got = harness.totals(harness.run(tmp_path, teacher_dir, line=line, backup=False, guarded=False))
-    steps = 3 * harness.RANKS
+    steps = harness.STEPS * harness.RANKS
     assert got == {
-        "poisoned_consumed": 3 * harness.GROUPS * harness.PER_GROUP,
+        "poisoned_consumed": harness.STEPS * harness.GROUPS * harness.PER_GROUP,
         "poisoned_updates": steps,
         "updates": steps,
-        "queued_poisoned": 3 * harness.GROUPS * harness.PER_GROUP,
+        "queued_poisoned": harness.STEPS * harness.GROUPS * harness.PER_GROUP,
     }
 
 
@@ -339,7 +339,7 @@ def test_repair_mode_follows_every_resume_and_trains_only_on_verified_values(
     assert got == {
         "poisoned_consumed": 0,
         "poisoned_updates": 0,
-        "updates": 3 * harness.RANKS,
+        "updates": harness.STEPS * harness.RANKS,
         "queued_poisoned": 0,  # every queued value is the never-slept teacher's
     }
     per_step = harness.GROUPS * harness.PER_GROUP
@@ -356,7 +356,7 @@ def test_repair_mode_follows_every_resume_and_trains_only_on_verified_values(
 def test_healthy_run_is_silent_and_its_data_unchanged(tmp_path, teacher_dir, line):
     guarded = harness.run(tmp_path, teacher_dir, line=line, backup=True)
     plain = harness.run(tmp_path, teacher_dir, line=line, backup=True, guarded=False)
-    assert harness.totals(guarded)["updates"] == 3 * harness.RANKS
+    assert harness.totals(guarded)["updates"] == harness.STEPS * harness.RANKS
     loud = [e for e in guarded["events"] if e.get("severity") in ("warn", "critical")]
     assert loud == [] and not [e for e in guarded["events"] if e["kind"] in ("alert", "halt")]
     assert guarded["queued"] == plain["queued"]  # the gate changed nothing the trainer reads
@@ -372,7 +372,7 @@ def test_slime_and_miles_order_the_log_hook_before_conversion_so_it_alone_protec
         tmp_path, teacher_dir, line="slime", backup=False, gates=("log", "train_step")
     )
     got = harness.totals(result)
-    assert got["poisoned_updates"] == 3 * harness.RANKS and got["poisoned_consumed"] > 0
+    assert got["poisoned_updates"] == harness.STEPS * harness.RANKS and got["poisoned_consumed"] > 0
     assert result["metrics"][0]["guard/dead_samples"] == 0.0  # nothing to judge at that point
 
 
@@ -386,7 +386,7 @@ def test_slime_and_miles_are_protected_by_the_post_process_gate(tmp_path, teache
         assert got["updates"] == 0
         assert all("before training rollout 0" in r["halted"] for r in result["ranks"])
     else:
-        assert got["updates"] == 3 * harness.RANKS and got["queued_poisoned"] == 0
+        assert got["updates"] == harness.STEPS * harness.RANKS and got["queued_poisoned"] == 0
 
 
 def test_wrapped_teacher_manager_runs_its_own_sleep_and_wake_inside_the_guards(
