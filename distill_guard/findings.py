@@ -69,7 +69,9 @@ def _jsonable(value: Any) -> Any:
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
-    if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
+    if hasattr(value, "tolist") and callable(value.tolist):  # numpy / torch, any shape
+        return _jsonable(value.tolist())
+    if hasattr(value, "item") and callable(value.item):
         return _jsonable(value.item())
     return value
 

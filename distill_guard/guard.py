@@ -266,19 +266,21 @@ class DistillGuard:
             return list(fn() or [])
         except Exception as exc:  # noqa: BLE001 - fail safe by design
             log.exception("distill_guard: %s raised", who)
-            return [
-                Finding(
-                    Code.GUARD_INTERNAL_ERROR,
-                    Severity.WARN,
-                    f"{who} raised {type(exc).__name__}: {exc}. This is a fault in the guard or "
-                    "in the data handed to it, not in the run; the guard skipped it this step. "
-                    "Please report it with the event log.",
-                    step,
-                    {"who": who, "error": f"{type(exc).__name__}: {exc}"},
-                )
-            ]
+            return [_fault(who, exc, step, "the guard skipped it this step")]
 
     def _conclude(self, stage: str, step: int, findings: list[Finding]) -> Decision:
+        """The one place a decision is made; a fault of the guard's own here becomes
+        ``guard.internal_error`` and a safe decision, never an exception in the trainer."""
+        try:
+            return self._decide(stage, step, findings)
+        except Exception as exc:  # noqa: BLE001 - fail safe by design
+            log.exception("distill_guard: deciding at %s raised", stage)
+            safe = Action.SKIP_BATCH if stage in ("wake", "teacher_scores") else Action.ALERT
+            why = "this step is not trained on the teacher's scores, as a precaution"
+            fault = _fault(stage, exc, step, why if safe is Action.SKIP_BATCH else "run goes on")
+            return Decision(step, safe, (fault,), message=f"{safe.value}: guard fault at {stage}")
+
+    def _decide(self, stage: str, step: int, findings: list[Finding]) -> Decision:
         if self.summary.halt is not None and self.stop_on_halt:
             return Decision(step, Action.HALT, message=self.summary.halt.message)
         self._record(stage, findings)
@@ -380,3 +382,16 @@ class DistillGuard:
 
     def _alert_failed(self, title: str, exc: Exception) -> None:
         self.events.write("alert_failed", title=title, error=f"{type(exc).__name__}: {exc}")
+
+
+def _fault(who: str, exc: Exception, step: int | None, consequence: str) -> Finding:
+    """``guard.internal_error``: the guard's own fault, never the run's."""
+    error = f"{type(exc).__name__}: {exc}"
+    return Finding(
+        Code.GUARD_INTERNAL_ERROR,
+        Severity.WARN,
+        f"{who} raised {error}. This is a fault in the guard or in the data handed to it, not in "
+        f"the run; {consequence}. Please report it with the event log.",
+        step,
+        {"who": who, "error": error},
+    )

@@ -159,8 +159,10 @@ class TeacherCollapseCheck(Check):
         bad = torch.isnan(x) | (x == math.inf)
         if not topk:  # a sampled token cannot have probability zero under a sane teacher
             bad |= x == -math.inf
+        else:  # −inf inside a row is a masked vocabulary entry; a row of only −inf has no mass
+            bad |= (x.amax(dim=1, keepdim=True) == -math.inf).expand_as(x)
         n_bad = int(bad.sum())
-        if not n_bad:  # only −inf inside top-k rows: masked vocabulary entries, allowed
+        if not n_bad:
             return []
         return [
             Finding(

@@ -85,7 +85,7 @@ def repair_teacher(
             last = canary.verify(teacher, step=step)
         except TeacherError as e:
             last = [teacher_error_finding(e, step, during=f"repair {stage}")]
-            emit("repair.error", {"attempt": attempt, "stage": stage, "error": str(e)})
+            emit("repair.error", {"attempt": attempt, "during": stage, "error": str(e)})
         else:
             if not last:
                 seconds = time.perf_counter() - t0

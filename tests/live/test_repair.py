@@ -111,7 +111,7 @@ def test_teacher_errors_during_repair_are_events_not_crashes(tiny_dir) -> None:
     )
     assert not out.ok
     errors = [p for k, p in events.log if k == "repair.error"]
-    assert len(errors) == 2 and errors[0]["stage"] == "reload"
+    assert len(errors) == 2 and errors[0]["during"] == "reload"
     assert out.findings[1].code == Code.TEACHER_UNREACHABLE
 
 
