@@ -63,6 +63,18 @@ class EventLog:
 
 
 def read_events(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """All events of a log file, in order."""
-    with open(path, encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+    """All events of a log file, in order. A torn last line (the writer was killed, or the disk
+    filled, mid-write) is left out with a warning; every complete event is still read. A bad
+    line before the last is an error naming the file and line."""
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        lines = [(i, line) for i, line in enumerate(fh, start=1) if line.strip()]
+    events = []
+    for n, (i, line) in enumerate(lines):
+        try:
+            events.append(json.loads(line))
+        except ValueError as exc:
+            if n == len(lines) - 1:
+                log.warning("distill_guard: %s:%d: torn last event left out (%s)", path, i, exc)
+                break
+            raise ValueError(f"{path}:{i}: not a JSON event ({exc})") from None
+    return events

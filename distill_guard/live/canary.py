@@ -117,6 +117,10 @@ class Canary:
         self.last_comparison = comparison
         return findings
 
+    def forget(self) -> None:
+        """Drop the fingerprint: the next verify has no reference (uniform and non-finite only)."""
+        self._fingerprint = None
+
     # -- state -------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
@@ -147,6 +151,8 @@ def teacher_error_finding(
     could not check this step (the canary at a wake), so training continues.
     """
     where = f" during {during}" if during else ""
+    if during == "resume":
+        where += " (the teacher was left asleep; nothing scored now would be its own)"
     if severity is Severity.CRITICAL:
         advice = (
             "The teacher cannot be checked or used until it answers; check that the server is up "

@@ -113,6 +113,11 @@ class ColocatedTeacher:
             self.canary.fingerprint(self.teacher, step=step)
             self._checksum = self._weights_checksum()
         except TeacherError as e:
+            # a stale reference would judge the next wake against weights the teacher no longer
+            # has (an EMA teacher moves every step): without one, the wake checks only for
+            # uniform and non-finite values
+            self.canary.forget()
+            self._checksum = None
             return [
                 teacher_error_finding(
                     e, step, during="fingerprint before sleep", severity=Severity.WARN

@@ -65,3 +65,46 @@ def test_top_k_rows_of_only_minus_inf_are_a_dead_teacher_not_masked_entries():
     assert [f.code for f in found] == [Code.TEACHER_NONFINITE]
     masked_entries = torch.tensor([[-0.1, -3.0, -math.inf, -math.inf]] * 8)  # union padding
     assert check.on_teacher_scores(TeacherScores(0, topk_logprobs=masked_entries), RunSpec()) == []
+
+
+def test_a_failed_fingerprint_leaves_no_stale_reference_for_a_moving_teacher(tmp_path):
+    """An EMA teacher moves between steps; when the fingerprint before sleep fails, the wake must
+    not be judged against the reference of an earlier step (it used to reload the disk
+    checkpoint three times and halt a healthy run)."""
+    teacher = TorchTeacher.from_pretrained(
+        build_tiny_qwen3(tmp_path / "m", vocab_size=64), enable_cpu_backup=True
+    )
+    guard = DistillGuard(teacher=teacher, canary=Canary(length=8), repair_backoff_s=0)
+    assert guard.sleep(0).action is Action.CONTINUE and guard.wake(0).action is Action.CONTINUE
+    with torch.no_grad():  # the EMA update of this step
+        for p in teacher.model.parameters():
+            p.mul_(0.5)
+    real_score = teacher._score
+    teacher._score = lambda *a: (_ for _ in ()).throw(TeacherError("scoring timed out"))
+    slept = guard.sleep(1)  # the fingerprint fails: recorded, the reference is dropped
+    assert Code.TEACHER_UNREACHABLE in {f.code for f in slept.reasons}
+    teacher._score = real_score
+    woke = guard.wake(1)
+    assert woke.action is Action.CONTINUE and guard.repairs == 0 and not guard.halted
+
+
+def test_a_torn_last_event_line_does_not_lose_the_good_events(tmp_path):
+    path = tmp_path / "events.jsonl"
+    path.write_text('{"kind": "finding", "step": 1}\n{"kind": "halt", "step": 2}\n{"kind": "de')
+    assert [e["kind"] for e in read_events(path)] == ["finding", "halt"]
+    path.write_text('{"kind": "finding"}\nnot json\n{"kind": "halt"}\n')
+    import pytest
+
+    with pytest.raises(ValueError, match="events.jsonl:2"):
+        read_events(path)
+
+
+def test_a_resume_that_fails_says_the_teacher_was_left_asleep_not_weight_loss(tmp_path):
+    teacher = TorchTeacher.from_pretrained(build_tiny_qwen3(tmp_path / "m", vocab_size=64))
+    guard = DistillGuard(teacher=teacher, canary=Canary(length=8), repair_attempts=1)
+    guard.sleep(0)
+    teacher._resume = lambda tags: (_ for _ in ()).throw(TeacherError("HTTP 500"))
+    d = guard.wake(0)
+    (finding,) = [f for f in d.reasons if f.code == Code.TEACHER_UNREACHABLE]
+    assert "left asleep" in finding.message and "--enable-weights-cpu-backup" not in finding.message
+    assert Code.TEACHER_UNIFORM not in {f.code for f in d.reasons}
