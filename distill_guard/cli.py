@@ -112,6 +112,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         raise UsageError(f"bad guard setting: {str(exc).splitlines()[0]}") from None
+    if args.plot and not Path(args.plot).resolve().parent.is_dir():
+        raise UsageError(f"--plot {args.plot}: the folder {Path(args.plot).parent} does not exist")
     if args.plot:
         from distill_guard.report import plot_replay
 
@@ -267,8 +269,13 @@ def cmd_probe(args: argparse.Namespace) -> int:
     from distill_guard.live.canary import Canary
     from distill_guard.live.probe import format_table, run_probe
 
-    if args.cycles < 0:
-        raise UsageError("--cycles must be >= 0")
+    for name, low in (("cycles", 0), ("top_k", 0), ("canary_length", 2)):
+        if getattr(args, name) < low:
+            raise UsageError(
+                f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}"
+            )
+    if not args.timeout > 0:
+        raise UsageError(f"--timeout must be > 0 seconds, got {args.timeout}")
     canary = Canary(top_k=args.top_k, length=args.canary_length, seed=args.seed)
     with _connect(args) as teacher:
         report = run_probe(

@@ -55,7 +55,14 @@ def _parse_value(raw: object, path: str, line: int, key: str) -> float | None:
 
 def _read_rows(path: Path) -> list[tuple[int, dict[str, object]]]:
     """(line number, raw row) for each row of a JSONL or CSV file."""
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark is not part of a key
+    except UnicodeDecodeError as exc:
+        raise HistoryError(
+            path, f"not UTF-8 text (byte {exc.start}): expected a .jsonl or .csv history"
+        ) from None
+    if "\x00" in text:
+        raise HistoryError(path, "binary data (NUL bytes): expected a .jsonl or .csv history")
     if not text.strip():
         raise HistoryError(path, "file is empty: no steps to replay")
     rows: list[tuple[int, dict[str, object]]] = []
@@ -75,6 +82,8 @@ def _read_rows(path: Path) -> list[tuple[int, dict[str, object]]]:
                 continue
             try:
                 row = json.loads(line)
+            except RecursionError:
+                raise HistoryError(path, "JSON nested too deeply to be a metrics row", i) from None
             except json.JSONDecodeError as exc:
                 raise HistoryError(
                     path, f"not valid JSON ({exc.msg} at column {exc.colno})", i

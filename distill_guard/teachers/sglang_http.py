@@ -105,8 +105,11 @@ class SGLangHTTPTeacher(TrackedTeacher):
         self._vocab_size = vocab_size
         self._caps: Capabilities | None = None
         self._model_path: str | None = None
-        key = os.environ.get(api_key_env) if api_key_env else None
-        admin_key = os.environ.get(admin_api_key_env) if admin_api_key_env else None
+        # a mounted secret file often ends in a newline: a header value with it is illegal, and
+        # httpx's error would then carry the key into a message
+        key = (os.environ.get(api_key_env) or "").strip() if api_key_env else ""
+        admin_key = (os.environ.get(admin_api_key_env) or "").strip() if admin_api_key_env else ""
+        self._secrets = [k for k in (key, admin_key) if k]
         self._headers = {"Authorization": f"Bearer {key}"} if key else {}
         self._admin_headers = (
             {"Authorization": f"Bearer {admin_key}"} if admin_key else dict(self._headers)
@@ -144,19 +147,20 @@ class SGLangHTTPTeacher(TrackedTeacher):
             if remaining <= 0:
                 break
             try:
-                resp = self._client.request(
-                    method, path, json=json, headers=headers, timeout=httpx.Timeout(remaining)
-                )
+                resp = self._fetch(method, path, json, headers, remaining, deadline, limit)
             except httpx.TimeoutException:
                 last = TeacherUnreachable(
                     f"{self.url}{path}: no answer within {limit:g} s", endpoint=path
                 )
             except httpx.TransportError as e:
-                last = TeacherUnreachable(f"cannot reach {self.url}{path}: {e}", endpoint=path)
+                last = TeacherUnreachable(
+                    f"cannot reach {self.url}{path}: {self._scrub(str(e))}", endpoint=path
+                )
             else:
                 if resp.status_code < 400 or (allow_404 and resp.status_code == 404):
                     return resp
                 message, body = error_message(resp)
+                message = self._scrub(message)
                 if resp.status_code == 401:
                     env = self._admin_key_env if admin else self._key_env
                     which = "--admin-api-key" if admin else "--api-key"
@@ -171,6 +175,39 @@ class SGLangHTTPTeacher(TrackedTeacher):
         raise last or TeacherUnreachable(
             f"{self.url}{path}: no answer within {limit:g} s", endpoint=path
         )
+
+    def _fetch(
+        self,
+        method: str,
+        path: str,
+        json: Any,
+        headers: dict[str, str],
+        remaining: float,
+        deadline: float,
+        limit: float,
+    ) -> httpx.Response:
+        """One request, its whole answer read before ``deadline``: httpx's timeout bounds each
+        socket read, and a server that drips its answer byte by byte would hold it forever."""
+        with self._client.stream(
+            method, path, json=json, headers=headers, timeout=httpx.Timeout(remaining)
+        ) as streamed:
+            chunks = []
+            for chunk in streamed.iter_bytes():
+                chunks.append(chunk)
+                if time.monotonic() > deadline:
+                    raise httpx.ReadTimeout(f"answer not complete within {limit:g} s")
+            return httpx.Response(
+                streamed.status_code,
+                headers=[(k, v) for k, v in streamed.headers.items() if k != "content-encoding"],
+                content=b"".join(chunks),
+                request=streamed.request,
+            )
+
+    def _scrub(self, text: str) -> str:
+        """No key in a message: a server's error body or httpx's may quote it."""
+        for secret in self._secrets:
+            text = text.replace(secret, "<redacted>")
+        return text
 
     @staticmethod
     def _json(resp: httpx.Response, path: str) -> Any:

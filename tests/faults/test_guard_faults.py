@@ -108,3 +108,95 @@ def test_a_resume_that_fails_says_the_teacher_was_left_asleep_not_weight_loss(tm
     (finding,) = [f for f in d.reasons if f.code == Code.TEACHER_UNREACHABLE]
     assert "left asleep" in finding.message and "--enable-weights-cpu-backup" not in finding.message
     assert Code.TEACHER_UNIFORM not in {f.code for f in d.reasons}
+
+
+# ---------------------------------------------------------------------------------- the network
+
+
+def drip_server(body: bytes, gap_s: float):
+    """A server on 127.0.0.1 that answers 200 and then drips its body one byte per ``gap_s``:
+    every socket read succeeds, the answer never ends in time. Serves one connection."""
+    import socket
+    import threading
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1)
+
+    def serve() -> None:
+        conn, _ = sock.accept()
+        conn.recv(65536)
+        head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        conn.sendall(head)
+        try:
+            for b in body:  # bounded: the body's length
+                conn.sendall(bytes([b]))
+                import time as _t
+
+                _t.sleep(gap_s)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+            sock.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def test_a_server_that_drips_its_answer_is_cut_at_the_total_deadline():
+    import time
+
+    import pytest
+
+    from distill_guard.teachers import SGLangHTTPTeacher, TeacherUnreachable
+
+    url = drip_server(b'{"version": "0.5.23", "model_path": "/m"}' * 4, gap_s=0.05)
+    t = SGLangHTTPTeacher(url, timeout_s=1.0, max_retries=0)
+    t0 = time.monotonic()
+    with pytest.raises(TeacherUnreachable, match="within 1 s"):
+        t.server_info()
+    assert time.monotonic() - t0 < 2.0  # the whole call, not each byte's read
+
+
+def test_a_key_with_a_trailing_newline_works_and_never_reaches_a_message(tiny_dir, monkeypatch):
+    from distill_guard.teachers import SGLangHTTPTeacher, TeacherHTTPError, TorchTeacher
+    from distill_guard.testing.reference_server import ReferenceServer, serve_in_thread
+
+    server = ReferenceServer(TorchTeacher.from_pretrained(tiny_dir), api_key="s3cret-key")
+    with serve_in_thread(server) as url:
+        monkeypatch.setenv("KEY_FILE_CONTENT", "s3cret-key\n")  # as read from a mounted file
+        t = SGLangHTTPTeacher(url, api_key_env="KEY_FILE_CONTENT")
+        assert t.score([[1, 2, 3]]).token_logprobs[0].numel() == 2
+        monkeypatch.setenv("WRONG", "not-the-key\n")
+        wrong = SGLangHTTPTeacher(url, api_key_env="WRONG", max_retries=0)
+        import pytest
+
+        with pytest.raises(TeacherHTTPError) as err:
+            wrong.score([[1, 2, 3]])
+        assert "not-the-key" not in str(err.value) and "s3cret" not in str(err.value)
+
+
+# ---------------------------------------------------------------------------------- user input
+
+
+def test_bad_histories_and_cli_values_are_exit_2_with_the_file_named(tmp_path, run_cli):
+    binary = tmp_path / "h.jsonl"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe")
+    code, _, err = run_cli("replay", binary)
+    assert code == 2 and "h.jsonl" in err and ("UTF-8" in err or "binary" in err)
+    nested = tmp_path / "n.jsonl"
+    nested.write_text("[" * 100000 + "]" * 100000 + "\n")
+    code, _, err = run_cli("replay", nested)
+    assert code == 2 and "n.jsonl:1" in err
+    bom = tmp_path / "b.csv"
+    bom.write_text("\ufeff_step,train/loss\n0,0.02\n1,0.02\n", encoding="utf-8")
+    code, out, _ = run_cli("replay", bom, "--json")
+    assert code == 0 and '"halt_step": null' in out
+    good = tmp_path / "g.jsonl"
+    good.write_text('{"train/loss": 0.02}\n')
+    code, _, err = run_cli("replay", good, "--plot", tmp_path / "missing" / "p.png")
+    assert code == 2 and "does not exist" in err
+    for bad in (["--top-k", "-1"], ["--canary-length", "1"], ["--timeout", "0"]):
+        code, _, err = run_cli("probe", "--url", "http://127.0.0.1:9", *bad)
+        assert code == 2 and bad[0] in err
