@@ -11,10 +11,12 @@ import argparse
 import json
 import logging
 import os
+import re
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from distill_guard.config import PRESETS
 from distill_guard.findings import Finding, Severity
@@ -35,6 +37,24 @@ EXTRAS = {
 
 class UsageError(Exception):
     """Bad input, an unreachable teacher, a missing extra: reported in one line, exit 2."""
+
+
+SECRET_OPTION = re.compile(r"(--[\w-]*(?:key|token|secret|password)[\w-]*)(=|\s+)(?!-)(\S+)")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that never echoes a key: an unknown ``--api-key VALUE`` would otherwise be
+    printed back whole (and no option of ours takes a key value: keys come from the
+    environment, named with ``--api-key-env``)."""
+
+    def error(self, message: str) -> NoReturn:
+        scrubbed = SECRET_OPTION.sub(r"\1\2<redacted>", message)
+        if scrubbed != message:
+            scrubbed += (
+                "; no option takes a key: put it in an environment variable and name that "
+                "variable with --api-key-env"
+            )
+        super().error(scrubbed)
 
 
 def _key_value(text: str) -> tuple[str, str]:
@@ -267,7 +287,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     """Preflight, then N release/resume cycles, each verified by the canary. A cycle that loses
     the weights is repaired (resume, reload, flush, verify) before exiting."""
     from distill_guard.live.canary import Canary
-    from distill_guard.live.probe import format_table, run_probe
+    from distill_guard.live.probe import format_report, run_probe
 
     for name, low in (("cycles", 0), ("top_k", 0), ("canary_length", 2)):
         if getattr(args, name) < low:
@@ -277,6 +297,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
     if not args.timeout > 0:
         raise UsageError(f"--timeout must be > 0 seconds, got {args.timeout}")
     canary = Canary(top_k=args.top_k, length=args.canary_length, seed=args.seed)
+    # a SIGTERM ends the probe like Ctrl-C: the probe puts the teacher back before exiting
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     with _connect(args) as teacher:
         report = run_probe(
             teacher, args.cycles, args.tags or None, canary, repair=not args.no_repair
@@ -284,33 +306,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
         return report.exit_code
-    print(
-        f"probe of {args.url}: {args.cycles} sleep/wake cycle(s), canary of {canary.length} "
-        f"tokens, top-{canary.top_k}"
-    )
-    pre = [f for f in report.findings if f.code.startswith("config.")]
-    if pre:
-        print("preflight:")
-        _print_findings(pre)
-    if report.cycles:
-        print(format_table(report))
-    rest = [f for f in report.findings if not f.code.startswith("config.")]
-    if rest:
-        print("findings:")
-        _print_findings(rest)
-    lost = any(c.lost_weights for c in report.cycles)
-    if lost and report.repaired:
-        print(
-            "The teacher lost its weights and was repaired (resume, reload, flush) and verified "
-            "by the canary; it is as the probe found it. Fix the configuration above: it will "
-            "happen again at the next wake."
-        )
-    elif lost:
-        print(
-            "The teacher lost its weights and was NOT repaired: reload its weights or restart "
-            "it before use."
-        )
-    print("result: " + ("healthy" if report.ok else "UNHEALTHY") + f" (exit {report.exit_code})")
+    print(format_report(report, args.url, args.cycles, canary))
     return report.exit_code
 
 
@@ -356,7 +352,7 @@ def cmd_serve_reference(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="distill-guard",
         description="Guards for on-policy distillation: catch a dead teacher, repair it, or halt.",
         allow_abbrev=False,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -13,6 +14,8 @@ from distill_guard.live.colocate import ColocatedTeacher
 from distill_guard.live.preflight import preflight_teacher
 from distill_guard.live.repair import EventSink
 from distill_guard.teachers.base import Teacher
+
+log = logging.getLogger("distill_guard")
 
 
 @dataclass
@@ -61,6 +64,8 @@ class ProbeReport:
     findings: list[Finding] = field(default_factory=list)
     """Preflight findings, then canary and repair findings in the order they happened."""
     cycles: list[CycleReport] = field(default_factory=list)
+    interrupted: str | None = None
+    """Set when the probe was interrupted: the state it left the teacher in."""
 
     @property
     def exit_code(self) -> int:
@@ -111,6 +116,26 @@ def run_probe(
         report.findings += broken
         report.ok = False
         return report
+    try:
+        _cycles(colocated, cycles, report, repair, on_event, on_cycle)
+    except BaseException:  # Ctrl-C, SIGTERM: never leave the teacher asleep or weightless
+        _restore(colocated, report, on_event)
+        raise
+    if any(c.lost_weights for c in report.cycles) or any(
+        f.severity >= Severity.CRITICAL for f in report.findings
+    ):
+        report.ok = False
+    return report
+
+
+def _cycles(
+    colocated: ColocatedTeacher,
+    cycles: int,
+    report: ProbeReport,
+    repair: bool,
+    on_event: EventSink | None,
+    on_cycle: Callable[[CycleReport], None] | None,
+) -> None:
     for i in range(1, cycles + 1):
         cycle = _one_cycle(colocated, i)
         report.cycles.append(cycle)
@@ -124,11 +149,27 @@ def run_probe(
             report.findings += outcome.findings
             report.repaired = outcome.ok
         break
-    if any(c.lost_weights for c in report.cycles) or any(
-        f.severity >= Severity.CRITICAL for f in report.findings
-    ):
-        report.ok = False
-    return report
+
+
+def _restore(colocated: ColocatedTeacher, report: ProbeReport, on_event: EventSink | None) -> None:
+    """An interrupted probe puts the teacher back as it found it: awake, and reloaded and
+    verified if the wake lost its weights; what it could not do is logged, not raised."""
+    step = len(report.cycles) + 1
+    try:
+        lost = (
+            colocated.wake(step)
+            if colocated.asleep
+            else colocated.canary.verify(colocated.teacher, step=step)
+        )
+        if lost:
+            outcome, _ = colocated.repair(step, lost, on_event)
+            state = "repaired and verified" if outcome.ok else "NOT repaired: reload it by hand"
+        else:
+            state = "awake and as it was"
+    except Exception as exc:  # noqa: BLE001 - report, the interruption is what propagates
+        state = f"in an unknown state ({type(exc).__name__}: {exc}): check it before use"
+    log.error("distill_guard: probe interrupted; the teacher is %s", state)
+    report.interrupted = state
 
 
 def _one_cycle(colocated: ColocatedTeacher, i: int) -> CycleReport:
@@ -170,4 +211,32 @@ def format_table(report: ProbeReport) -> str:
             f"{c.cycle:>5}  {c.sleep_wake_s:>12.3f}  {c.canary_s:>8.3f}  {delta:>15}  {top1:>13}  "
             f"{'yes' if c.uniform else 'no':>7}  {result}"
         )
+    return "\n".join(lines)
+
+
+def format_report(report: ProbeReport, url: str, cycles: int, canary: Canary) -> str:
+    """What ``distill-guard probe`` prints: preflight, the cycle table, findings, the verdict."""
+
+    def findings(fs: list[Finding]) -> list[str]:
+        return [f"[{f.severity.value.upper():8}] {f.code}: {f.message}" for f in fs]
+
+    lines = [
+        f"probe of {url}: {cycles} sleep/wake cycle(s), canary of {canary.length} tokens, "
+        f"top-{canary.top_k}"
+    ]
+    pre = [f for f in report.findings if f.code.startswith("config.")]
+    rest = [f for f in report.findings if not f.code.startswith("config.")]
+    lines += ["preflight:", *findings(pre)] if pre else []
+    lines += [format_table(report)] if report.cycles else []
+    lines += ["findings:", *findings(rest)] if rest else []
+    if any(c.lost_weights for c in report.cycles):
+        lines.append(
+            "The teacher lost its weights and was repaired (resume, reload, flush) and verified "
+            "by the canary; it is as the probe found it. Fix the configuration above: it will "
+            "happen again at the next wake."
+            if report.repaired
+            else "The teacher lost its weights and was NOT repaired: reload its weights or "
+            "restart it before use."
+        )
+    lines.append(f"result: {'healthy' if report.ok else 'UNHEALTHY'} (exit {report.exit_code})")
     return "\n".join(lines)

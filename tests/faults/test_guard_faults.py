@@ -200,3 +200,37 @@ def test_bad_histories_and_cli_values_are_exit_2_with_the_file_named(tmp_path, r
     for bad in (["--top-k", "-1"], ["--canary-length", "1"], ["--timeout", "0"]):
         code, _, err = run_cli("probe", "--url", "http://127.0.0.1:9", *bad)
         assert code == 2 and bad[0] in err
+
+
+def test_an_interrupted_probe_puts_the_teacher_back(tiny_dir, monkeypatch):
+    """Ctrl-C (or SIGTERM) right after a wake that lost the weights: the probe reloads and
+    verifies the teacher before the interruption propagates."""
+    import pytest
+
+    from distill_guard.live import probe as probe_module
+    from distill_guard.teachers import SGLangHTTPTeacher
+    from distill_guard.testing.servers import reference_teacher
+
+    with reference_teacher(tiny_dir, enable_cpu_backup=False) as (url, served):
+        t = SGLangHTTPTeacher(url)
+        canary = Canary(length=8)
+        real_verify = canary.verify
+        calls = []
+
+        def interrupted(teacher, step=None):
+            calls.append(step)
+            if len(calls) == 1:  # the first cycle's canary, right after the weight-losing wake
+                raise KeyboardInterrupt
+            return real_verify(teacher, step=step)
+
+        monkeypatch.setattr(canary, "verify", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            probe_module.run_probe(t, cycles=2, canary=canary, preflight=False)
+        assert not t.asleep and not served.asleep
+        assert real_verify(t) == []  # reloaded and verified: as the probe found it
+
+
+def test_a_key_typed_on_the_command_line_is_never_echoed(run_cli):
+    code, out, err = run_cli("probe", "--url", "http://127.0.0.1:9", "--api-key", "s3cret-key")
+    assert code == 2 and "s3cret-key" not in err + out
+    assert "--api-key-env" in err
