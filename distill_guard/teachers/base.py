@@ -248,11 +248,13 @@ class TrackedTeacher:
         return self._score([list(map(int, s)) for s in sequences], top_k, logprob_start_len)
 
     def release(self, tags: Sequence[str] | None = None) -> None:
+        self._learn_tags()
         eff = self.sleep_state.check_release(tags)
         self._release(eff)
         self.sleep_state.mark_released(eff)
 
     def resume(self, tags: Sequence[str] | None = None) -> None:
+        self._learn_tags()
         eff = self.sleep_state.check_resume(tags)
         self._resume(eff)
         self.sleep_state.mark_resumed(eff)
@@ -262,6 +264,10 @@ class TrackedTeacher:
 
     def mark_resumed(self, tags: Sequence[str] | None = None) -> None:
         self.sleep_state.mark_resumed(tags)
+
+    def _learn_tags(self) -> None:
+        """Before the first release or resume: whether the backend honours memory tags (a server
+        client reads it from its version; in process it is known)."""
 
     def confirm_asleep(self) -> bool:
         """Whether the teacher really is asleep, before a resume that would kill it if not.

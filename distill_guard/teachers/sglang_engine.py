@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from distill_guard.teachers._sglang_wire import parse_score_response
@@ -76,14 +75,6 @@ class SGLangEngineTeacher(TrackedTeacher):
             top_logprobs_num=top_k if top_k > 0 else None,
         )
         return parse_score_response(out, sequences, top_k, logprob_start_len)
-
-    def release(self, tags: Sequence[str] | None = None) -> None:
-        self._learn_tags()
-        super().release(tags)
-
-    def resume(self, tags: Sequence[str] | None = None) -> None:
-        self._learn_tags()
-        super().resume(tags)
 
     def _learn_tags(self) -> None:
         if self._caps is None:

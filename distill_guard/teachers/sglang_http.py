@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import httpx
@@ -240,14 +239,6 @@ class SGLangHTTPTeacher(TrackedTeacher):
             self.server_info()
         assert self._caps is not None
         return self._caps
-
-    def release(self, tags: Sequence[str] | None = None) -> None:
-        self._learn_tags()
-        super().release(tags)
-
-    def resume(self, tags: Sequence[str] | None = None) -> None:
-        self._learn_tags()
-        super().resume(tags)
 
     def _learn_tags(self) -> None:
         if self._tags_supported is None:
