@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from distill_guard.findings import _jsonable
 
@@ -15,51 +16,71 @@ log = logging.getLogger("distill_guard")
 
 
 class EventLog:
-    """Writes each event as one JSON line and flushes it at once, so a crash loses nothing.
+    """Writes each event as one JSON line, in one ``write`` to a file opened for appending, so a
+    crash loses nothing and several writers never interleave within a line.
 
-    Never raises into the trainer: if the file cannot be written the log says so once and the
-    guard carries on (its findings still reach the Python logger).
+    Never raises into the trainer. An event that cannot be encoded is left out; after a write
+    error (a full disk, a file-size limit) the log stops, since a torn line must stay the last.
+    Either way ``lost`` counts what was not written and ``close`` reports it.
     """
 
     def __init__(self, path: str | os.PathLike[str] | None, *, rank: int = 0) -> None:
         self.path = Path(path) if path is not None else None
         self.rank = rank
-        self._fh: TextIO | None = None
-        self._broken = False
+        self.lost = 0
+        self._fd: int | None = None
+        self._error: str | None = None
 
     def set_rank(self, rank: int) -> None:
         """Tag events with ``rank``. Ranks above 0 write next to rank 0's file, as
-        ``<stem>.rank<r><suffix>`` (concurrent appends from several processes may interleave);
-        a file already open stays where it is."""
+        ``<stem>.rank<r><suffix>``; a file already open stays where it is."""
         self.rank = rank
-        if rank > 0 and self.path is not None and self._fh is None:
+        if rank > 0 and self.path is not None and self._fd is None:
             self.path = self.path.with_name(f"{self.path.stem}.rank{rank}{self.path.suffix}")
 
     def write(self, kind: str, **payload: Any) -> None:
-        if self.path is None or self._broken:
+        if self.path is None:
+            return
+        if self._error is not None:
+            self.lost += 1
             return
         record = {"time": round(time.time(), 3), "rank": self.rank, "kind": kind, **payload}
         try:
-            if self._fh is None:
+            line = (json.dumps(_jsonable(record), allow_nan=False) + "\n").encode()
+        except (TypeError, ValueError) as exc:
+            self.lost += 1
+            log.error("distill_guard: event %r not written to %s: %s", kind, self.path, exc)
+            return
+        try:
+            if self._fd is None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._fh = self.path.open("a", encoding="utf-8")
-            self._fh.write(json.dumps(_jsonable(record), allow_nan=False) + "\n")
-            self._fh.flush()
-        except (OSError, TypeError, ValueError) as exc:
-            self._broken = True
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            view = memoryview(line)
+            while view:
+                view = view[os.write(self._fd, view) :]
+        except OSError as exc:
+            self.lost += 1
+            self._error = str(exc)
             log.error(
-                "distill_guard: event log %s disabled after a write error: %s", self.path, exc
+                "distill_guard: event log %s stopped after a write error (%s); later events "
+                "reach only the Python logger",
+                self.path,
+                exc,
             )
 
     def close(self) -> None:
-        if self._fh is not None:
-            try:
-                self._fh.flush()
-                os.fsync(self._fh.fileno())
-                self._fh.close()
-            except OSError:
-                pass
-            self._fh = None
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = None
+        if self.lost:
+            log.error(
+                "distill_guard: %d event(s) not written to %s%s",
+                self.lost,
+                self.path,
+                f" (first write error: {self._error})" if self._error else "",
+            )
 
 
 def read_events(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
