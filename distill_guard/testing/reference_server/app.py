@@ -84,6 +84,11 @@ def create_app(server: "ReferenceServer") -> "FastAPI":
     async def teacher_error(request: Request, e: TeacherError) -> Response:
         return error(400, str(e))
 
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, e: Exception) -> Response:
+        """Anything else is the reference server's own bug: still an SGLang-shaped JSON error."""
+        return error(500, f"{type(e).__name__}: {e}")
+
     @app.exception_handler(Busy)
     async def busy(request: Request, e: Busy) -> Response:
         return PlainTextResponse(str(e), status_code=400)

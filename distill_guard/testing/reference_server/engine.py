@@ -131,15 +131,18 @@ class ReferenceServer:
         ):
             raise ContractError("input_ids must be a non-empty list of ints or of int lists")
         n = len(batch)
+        self._check_lengths_and_ids(batch)
         sampling = _per_item(body.get("sampling_params") or {}, n, "sampling_params")
         for sp in sampling:
+            if sp is not None and not isinstance(sp, dict):
+                raise ContractError("sampling_params must be an object or a list of objects")
             if (sp or {}).get("max_new_tokens", 128) != 0:
                 raise TeacherError(
                     "the reference server only scores: set sampling_params.max_new_tokens to 0"
                 )
         want_lp = _per_item(body.get("return_logprob", False), n, "return_logprob")
-        starts = _per_item(body.get("logprob_start_len", -1), n, "logprob_start_len")
-        topks = _per_item(body.get("top_logprobs_num", 0) or 0, n, "top_logprobs_num")
+        starts = _ints(body.get("logprob_start_len", -1), n, "logprob_start_len", minimum=-1)
+        topks = _ints(body.get("top_logprobs_num", 0) or 0, n, "top_logprobs_num", minimum=0)
         t0 = time.perf_counter()
         items: list[dict[str, Any] | None] = [None] * n
         groups: dict[tuple[int, int], list[int]] = {}
@@ -168,6 +171,30 @@ class ReferenceServer:
                 )
         out = json_safe(items)
         return out[0] if single else out
+
+    @property
+    def context_len(self) -> int:
+        """The model's ``max_position_embeddings``, as SGLang derives its context length."""
+        config = getattr(self.teacher.model, "config", None)
+        return int(getattr(config, "max_position_embeddings", None) or 4096)
+
+    def _check_lengths_and_ids(self, batch: list[list[int]]) -> None:
+        """SGLang refuses an input of ``context_len`` tokens or more (``_validate_one_request``,
+        a 400). An id outside the vocabulary is refused too: SGLang does not check it, and on a
+        GPU it ends in a device-side assert, so our client must never send one."""
+        vocab = self.teacher.vocab_size
+        for seq in batch:
+            if len(seq) >= self.context_len:
+                raise TeacherError(
+                    f"The input ({len(seq)} tokens) is longer than the model's context length "
+                    f"({self.context_len} tokens)."
+                )
+            bad = [t for t in seq if t < 0 or (vocab is not None and t >= vocab)]
+            if bad:
+                raise TeacherError(
+                    f"input_ids hold {len(bad)} id(s) outside the vocabulary "
+                    f"[0, {vocab}), first {bad[0]}"
+                )
 
     # -- memory ------------------------------------------------------------------------------
 
@@ -308,7 +335,7 @@ class ReferenceServer:
                 "admin_api_key": self.admin_api_key,
                 "status": "ready",
                 "max_total_num_tokens": 4096,
-                "max_req_input_len": 4096,
+                "max_req_input_len": self.context_len - 1,
                 "internal_states": [{"last_gen_throughput": 0.0}],
                 "version": self.version,
                 "emulated_by": f"distill_guard reference server {__version__} (NOT SGLang)",
@@ -354,3 +381,12 @@ def _per_item(value: Any, n: int, name: str) -> list[Any]:
             raise ContractError(f"{name} has {len(value)} entries for {n} inputs")
         return value
     return [value] * n
+
+
+def _ints(value: Any, n: int, name: str, *, minimum: int) -> list[int]:
+    """Per-item integer fields, refused as a contract violation (400) when not integers."""
+    items = _per_item(value, n, name)
+    for v in items:
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < minimum):
+            raise ContractError(f"{name} must be an integer >= {minimum}, got {v!r}")
+    return items
