@@ -9,7 +9,7 @@ from typing import Any
 
 from distill_guard.findings import Code, Finding, Severity
 from distill_guard.live.canary import Canary, teacher_error_finding
-from distill_guard.teachers.base import Teacher, TeacherError
+from distill_guard.teachers.base import Teacher, TeacherError, TeacherUnreachable
 
 Reloader = Callable[[Teacher], None]
 """Puts the right weights back into a woken teacher: for EMA or tensor-pushed teachers, whose
@@ -86,6 +86,9 @@ def repair_teacher(
         except TeacherError as e:
             last = [teacher_error_finding(e, step, during=f"repair {stage}")]
             emit("repair.error", {"attempt": attempt, "during": stage, "error": str(e)})
+            if isinstance(e, TeacherUnreachable):
+                stop = f"the teacher did not answer during {stage}"
+                break
         else:
             if not last:
                 seconds = time.perf_counter() - t0
@@ -105,20 +108,22 @@ def repair_teacher(
             )
         if attempt < max_attempts:
             sleep(backoff_s * 2 ** (attempt - 1))
+        else:
+            stop = f"{max_attempts} attempts failed"
     seconds = time.perf_counter() - t0
-    emit("repair.gave_up", {"attempts": max_attempts, "seconds": seconds})
+    emit("repair.gave_up", {"attempts": attempt, "seconds": seconds, "why": stop})
     last_codes = "; ".join(f.code for f in last) or "no finding"
     source = "custom reloader" if reloader else "model_path"
     why = (
-        f"Rewake failed {max_attempts} times in {seconds:.1f} s (last: {last_codes}): the teacher "
-        f"cannot be trusted. Halt the run; check the teacher's checkpoint ({source}) and server "
-        f"logs. {CONFIG_FIX}"
+        f"Rewake gave up after {attempt} attempt(s) in {seconds:.1f} s ({stop}; last: "
+        f"{last_codes}): the teacher cannot be trusted. Halt the run; check the teacher's "
+        f"checkpoint ({source}) and server logs. {CONFIG_FIX}"
     )
     failed = Finding(
         Code.TEACHER_REPAIR_FAILED,
         Severity.CRITICAL,
         why,
         step,
-        {"attempts": max_attempts, "seconds": seconds, "last_codes": [f.code for f in last]},
+        {"attempts": attempt, "seconds": seconds, "last_codes": [f.code for f in last]},
     )
-    return RepairOutcome(False, max_attempts, [failed, *last], seconds)
+    return RepairOutcome(False, attempt, [failed, *last], seconds)

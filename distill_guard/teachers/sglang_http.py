@@ -255,7 +255,7 @@ class SGLangHTTPTeacher(TrackedTeacher):
         except TeacherHTTPError:
             return True
         except TeacherUnreachable as e:  # paused, or gone: cannot tell, so do not resume
-            raise TeacherStateError(
+            raise TeacherUnreachable(
                 f"cannot tell whether {self.url} is asleep ({e}); not sending a resume that would "
                 "kill it if it is awake"
             ) from e
