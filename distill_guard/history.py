@@ -6,9 +6,10 @@ import csv
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from distill_guard.metric_names import RELAX_METRIC_NAMES, resolve_key
 from distill_guard.observations import Metric
@@ -53,53 +54,83 @@ def _parse_value(raw: object, path: str, line: int, key: str) -> float | None:
     raise HistoryError(path, f"value of '{key}' is {raw!r}, expected a number", line)
 
 
-def _read_rows(path: Path) -> list[tuple[int, dict[str, object]]]:
-    """(line number, raw row) for each row of a JSONL or CSV file."""
+def _iter_rows(path: Path) -> Iterator[tuple[int, dict[str, object]]]:
+    """(line number, raw row) for each row of a JSONL or CSV file, read a line at a time."""
+    line = 0
     try:
-        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark is not part of a key
-    except UnicodeDecodeError as exc:
+        with path.open(encoding="utf-8-sig", newline="") as fh:  # a BOM is not part of a key
+            if path.suffix.lower() == ".csv":
+                reader = csv.DictReader(_text_lines(fh, path))
+                if not reader.fieldnames:
+                    raise HistoryError(path, "CSV has no header row", 1)
+                for line, row in enumerate(reader, start=2):
+                    if None in row:
+                        raise HistoryError(
+                            path,
+                            f"row has more cells than the {len(reader.fieldnames)}-column header",
+                            line,
+                        )
+                    yield line, row
+                return
+            for line, text in enumerate(_text_lines(fh, path), start=1):
+                if text.strip():
+                    yield line, _json_row(text, path, line)
+    except UnicodeDecodeError:
         raise HistoryError(
-            path, f"not UTF-8 text (byte {exc.start}): expected a .jsonl or .csv history"
+            path, f"not UTF-8 text (after line {line}): expected a .jsonl or .csv history"
         ) from None
-    if "\x00" in text:
-        raise HistoryError(path, "binary data (NUL bytes): expected a .jsonl or .csv history")
-    if not text.strip():
-        raise HistoryError(path, "file is empty: no steps to replay")
-    rows: list[tuple[int, dict[str, object]]] = []
-    if path.suffix.lower() == ".csv":
-        reader = csv.DictReader(text.splitlines())
-        if not reader.fieldnames:
-            raise HistoryError(path, "CSV has no header row", 1)
-        for i, row in enumerate(reader, start=2):
-            if None in row:
-                raise HistoryError(
-                    path, f"row has more cells than the {len(reader.fieldnames)}-column header", i
-                )
-            rows.append((i, dict(row)))
-    else:
-        for i, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except RecursionError:
-                raise HistoryError(path, "JSON nested too deeply to be a metrics row", i) from None
-            except json.JSONDecodeError as exc:
-                raise HistoryError(
-                    path, f"not valid JSON ({exc.msg} at column {exc.colno})", i
-                ) from None
-            if not isinstance(row, dict):
-                raise HistoryError(
-                    path, f"expected one JSON object per line, got {type(row).__name__}", i
-                )
-            rows.append((i, row))
-    if not rows:
-        raise HistoryError(path, "file has a header but no rows: no steps to replay")
-    return rows
+
+
+def _text_lines(fh: TextIO, path: Path) -> Iterator[str]:
+    for n, text in enumerate(fh, start=1):
+        if "\x00" in text:
+            raise HistoryError(
+                path, "binary data (NUL bytes): expected a .jsonl or .csv history", n
+            )
+        yield text
+
+
+def _json_row(text: str, path: Path, line: int) -> dict[str, object]:
+    try:
+        row = json.loads(text)
+    except RecursionError:
+        raise HistoryError(path, "JSON nested too deeply to be a metrics row", line) from None
+    except json.JSONDecodeError as exc:
+        raise HistoryError(
+            path, f"not valid JSON ({exc.msg} at column {exc.colno})", line
+        ) from None
+    if not isinstance(row, dict):
+        raise HistoryError(
+            path, f"expected one JSON object per line, got {type(row).__name__}", line
+        )
+    return row
+
+
+def _scan_keys(path: Path) -> tuple[set[str], int]:
+    """First pass: every key and the row count, holding neither the file nor its rows."""
+    keys: set[str] = set()
+    n = 0
+    for _, row in _iter_rows(path):
+        keys.update(row)
+        n += 1
+    if n == 0:
+        with path.open("rb") as fh:
+            empty = not fh.read(4096).strip()
+        raise HistoryError(
+            path,
+            "file is empty: no steps to replay"
+            if empty
+            else "file has a header but no rows: no steps to replay",
+        )
+    return keys, n
 
 
 def load_history(path: str | os.PathLike[str], key_map: Mapping[str, str] | None = None) -> History:
-    """Load a history; ``key_map`` overrides role → key (defaults: Relax's metric names)."""
+    """Load a history; ``key_map`` overrides role → key (defaults: Relax's metric names).
+
+    Streams the file twice (its keys, then the values of the resolved keys), so memory grows
+    with steps × roles, not with the file: a wandb export with hundreds of columns per row is
+    never held whole."""
     p = Path(path)
     if not p.exists():
         raise HistoryError(p, "file not found")
@@ -112,20 +143,19 @@ def load_history(path: str | os.PathLike[str], key_map: Mapping[str, str] | None
                 p, f"unknown role '{role}' in --key; roles are {', '.join(Metric.ALL)}"
             )
         names[role] = key
-    rows = _read_rows(p)
-    all_keys = set().union(*(r.keys() for _, r in rows))
+    all_keys, n_rows = _scan_keys(p)
     resolved = {role: resolve_key(key, all_keys) for role, key in names.items()}
     for role in REQUIRED_ROLES:
         if resolved[role] is None:
             shown = ", ".join(sorted(all_keys)[:12]) + (" ..." if len(all_keys) > 12 else "")
             raise HistoryError(
                 p,
-                f"metric '{names[role]}' (role {role}) is in none of the {len(rows)} rows; "
+                f"metric '{names[role]}' (role {role}) is in none of the {n_rows} rows; "
                 f"keys present: {shown}. Map it with --key {role}=NAME",
             )
     step_key = next((k for k in STEP_KEYS if k in all_keys), None)
     merged: dict[int, dict[str, float]] = {}
-    for index, (line, row) in enumerate(rows):
+    for index, (line, row) in enumerate(_iter_rows(p)):
         step = index
         if step_key is not None and row.get(step_key) not in (None, ""):
             value = _parse_value(row[step_key], str(p), line, step_key)
