@@ -120,3 +120,16 @@ def worst(findings: list[Finding]) -> Severity | None:
     if not findings:
         return None
     return max((f.severity for f in findings), key=lambda s: s.rank)
+
+
+def internal_error(who: str, exc: Exception, step: int | None, consequence: str) -> Finding:
+    """``guard.internal_error``: the guard's own fault, never the run's."""
+    error = f"{type(exc).__name__}: {exc}"
+    return Finding(
+        Code.GUARD_INTERNAL_ERROR,
+        Severity.WARN,
+        f"{who} raised {error}. This is a fault in the guard or in the data handed to it, not in "
+        f"the run; {consequence}. Please report it with the event log.",
+        step,
+        {"who": who, "error": error},
+    )

@@ -27,7 +27,7 @@ from distill_guard.alerts import Alerter, alert_title
 from distill_guard.checks import Check, default_checks
 from distill_guard.checks.canary import CanaryCheck
 from distill_guard.events import EventLog
-from distill_guard.findings import Code, Finding, Severity
+from distill_guard.findings import Code, Finding, internal_error
 from distill_guard.live.canary import Canary
 from distill_guard.live.colocate import ColocatedTeacher
 from distill_guard.live.repair import Reloader
@@ -266,7 +266,7 @@ class DistillGuard:
             return list(fn() or [])
         except Exception as exc:  # noqa: BLE001 - fail safe by design
             log.exception("distill_guard: %s raised", who)
-            return [_fault(who, exc, step, "the guard skipped it this step")]
+            return [internal_error(who, exc, step, "the guard skipped it this step")]
 
     def _conclude(self, stage: str, step: int, findings: list[Finding]) -> Decision:
         """The one place a decision is made; a fault of the guard's own here becomes
@@ -274,17 +274,25 @@ class DistillGuard:
         try:
             return self._decide(stage, step, findings)
         except Exception as exc:  # noqa: BLE001 - fail safe by design
-            log.exception("distill_guard: deciding at %s raised", stage)
-            safe = Action.SKIP_BATCH if stage in ("wake", "teacher_scores") else Action.ALERT
-            why = "this step is not trained on the teacher's scores, as a precaution"
-            fault = _fault(stage, exc, step, why if safe is Action.SKIP_BATCH else "run goes on")
-            return Decision(step, safe, (fault,), message=f"{safe.value}: guard fault at {stage}")
+            return self._safe_decision(stage, step, exc)
+
+    def _safe_decision(self, stage: str, step: int, exc: Exception) -> Decision:
+        log.exception("distill_guard: deciding at %s raised", stage)
+        safe = Action.SKIP_BATCH if stage in ("wake", "teacher_scores") else Action.ALERT
+        why = "this step is not trained on the teacher's scores, as a precaution"
+        fault = internal_error(
+            stage, exc, step, why if safe is Action.SKIP_BATCH else "run goes on"
+        )
+        return Decision(step, safe, (fault,), message=f"{safe.value}: guard fault at {stage}")
 
     def _decide(self, stage: str, step: int, findings: list[Finding]) -> Decision:
         if self.summary.halt is not None and self.stop_on_halt:
             return Decision(step, Action.HALT, message=self.summary.halt.message)
-        self._record(stage, findings)
-        local = self.policy.decide(step, findings)
+        try:
+            self._record(stage, findings)
+            local = self.policy.decide(step, findings)
+        except Exception as exc:  # noqa: BLE001 - every rank must still reach the reduction
+            local = self._safe_decision(stage, step, exc)
         decision = self._reduce(local) if self.reducer is not None else local
         if decision.action is Action.REWAKE:
             decision = self._rewake(stage, decision, local)
@@ -382,16 +390,3 @@ class DistillGuard:
 
     def _alert_failed(self, title: str, exc: Exception) -> None:
         self.events.write("alert_failed", title=title, error=f"{type(exc).__name__}: {exc}")
-
-
-def _fault(who: str, exc: Exception, step: int | None, consequence: str) -> Finding:
-    """``guard.internal_error``: the guard's own fault, never the run's."""
-    error = f"{type(exc).__name__}: {exc}"
-    return Finding(
-        Code.GUARD_INTERNAL_ERROR,
-        Severity.WARN,
-        f"{who} raised {error}. This is a fault in the guard or in the data handed to it, not in "
-        f"the run; {consequence}. Please report it with the event log.",
-        step,
-        {"who": who, "error": error},
-    )

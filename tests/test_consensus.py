@@ -16,6 +16,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from distill_guard.alerts import Alerter
+from distill_guard.checks import Check, default_checks
 from distill_guard.consensus import CONSENSUS_FAILED, DistributedReducer, _priority
 from distill_guard.findings import Code, Finding, Severity
 from distill_guard.guard import DistillGuard
@@ -202,6 +203,52 @@ def scenario_ranks_out_of_step(rank, out):
     return {"d": _record(guard.on_step_metrics(rank, {"loss": 0.01}), t0)}
 
 
+class ExplodingCheck(Check):
+    """A check with a bug: it raises on every batch."""
+
+    name = "exploding"
+
+    def on_teacher_scores(self, scores, run):
+        raise IndexError("a bug in a check")
+
+
+def scenario_a_check_raises_on_one_rank(rank, out):
+    checks = [*default_checks(), ExplodingCheck()] if rank == 1 else None
+    guard, _ = _guard(rank, out, checks=checks)
+    t0 = time.monotonic()
+    first = _record(guard.on_teacher_scores(0, topk_logprobs=_healthy_topk()), t0)
+    metrics = _record(guard.on_step_metrics(0, {"loss": 0.01}), t0)
+    return {"first": first, "metrics": metrics, "halted": guard.halted}
+
+
+class ExplodingPolicy(Policy):
+    """A policy with a bug: deciding raises, before the guard's agreement with the other ranks."""
+
+    def decide(self, step, findings):
+        raise KeyError("a bug in the policy")
+
+
+def scenario_the_policy_raises_on_one_rank(rank, out):
+    guard, _ = _guard(rank, out, policy=ExplodingPolicy() if rank == 1 else None)
+    t0 = time.monotonic()
+    first = _record(guard.on_teacher_scores(0, topk_logprobs=_healthy_topk()), t0)
+    return {"first": first, "halted": guard.halted}
+
+
+def scenario_rank_dies(rank, out):
+    guard, _ = _guard(rank, out, timeout_s=3.0)
+    if rank == 1:
+        os._exit(3)  # the process is gone: no exception, no goodbye
+    t0 = time.monotonic()
+    first = _record(guard.on_teacher_scores(0, topk_logprobs=_healthy_topk()), t0)
+    t1 = time.monotonic()
+    later = _record(guard.on_step_metrics(0, {"loss": 0.01}), t1)
+    (out / "result0.json").write_text(
+        json.dumps({"first": first, "later": later, "halted": guard.halted})
+    )
+    os._exit(0)  # a process group with a dead peer cannot be torn down politely
+
+
 def _worker(rank, port, scenario, outdir):
     torch.set_num_threads(1)
     out = Path(outdir)
@@ -227,6 +274,21 @@ def _spawn(scenario, tmp_path):
     mp.spawn(_worker, args=(port, scenario, str(tmp_path)), nprocs=WORLD, join=True)
     wall = time.monotonic() - t0
     return [json.loads((tmp_path / f"result{r}.json").read_text()) for r in range(WORLD)], wall
+
+
+def _spawn_with_exits(scenario, tmp_path, timeout_s=40):
+    """Like ``_spawn``, for scenarios where ranks leave by ``os._exit``; returns exit codes."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.spawn(_worker, args=(port, scenario, str(tmp_path)), nprocs=WORLD, join=False)
+    for p in ctx.processes:
+        p.join(timeout_s)
+    codes = [p.exitcode for p in ctx.processes]
+    for p in ctx.processes:
+        if p.exitcode is None:
+            p.kill()
+    return codes
 
 
 def _events(path):
@@ -325,6 +387,40 @@ def test_ranks_at_different_steps_halt_instead_of_mismatching(tmp_path):
     (r0, r1), _ = _spawn("scenario_ranks_out_of_step", tmp_path)
     for r in (r0, r1):
         assert r["d"]["action"] == "halt" and "different guard steps (0..1)" in r["d"]["message"]
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_that_dies_halts_the_others_within_the_timeout(tmp_path):
+    codes = _spawn_with_exits("scenario_rank_dies", tmp_path)
+    assert codes == [0, 3]  # rank 0 finished its hooks; rank 1 died
+    r0 = json.loads((tmp_path / "result0.json").read_text())
+    assert r0["first"]["action"] == "halt" and CONSENSUS_FAILED in r0["first"]["codes"]
+    assert r0["first"]["elapsed"] < 10  # the 3 s agreement timeout, not a hang
+    assert r0["halted"] and r0["later"]["action"] == "halt" and r0["later"]["elapsed"] < 0.5
+    halts = [e for e in _events(tmp_path / "events0.jsonl") if e["kind"] == "halt"]
+    assert len(halts) == 1 and "could not agree" in halts[0]["message"]
+
+
+@pytest.mark.timeout(30)
+def test_a_check_that_raises_on_one_rank_is_a_shared_warning_and_the_ranks_stay_in_step(
+    tmp_path,
+):
+    (r0, r1), _ = _spawn("scenario_a_check_raises_on_one_rank", tmp_path)
+    for r in (r0, r1):
+        assert r["first"]["action"] == "alert"
+        assert r["first"]["codes"] == [Code.GUARD_INTERNAL_ERROR]
+        assert r["metrics"]["action"] == "continue" and not r["halted"]
+    assert r0["first"]["message"].startswith("rank 1:")
+
+
+@pytest.mark.timeout(30)
+def test_a_fault_before_the_agreement_on_one_rank_still_reaches_it(tmp_path):
+    (r0, r1), wall = _spawn("scenario_the_policy_raises_on_one_rank", tmp_path)
+    for r in (r0, r1):  # the faulty rank's safe decision is shared, not a timeout
+        assert r["first"]["action"] == "skip_batch", r["first"]
+        assert r["first"]["codes"] == [Code.GUARD_INTERNAL_ERROR] and not r["halted"]
+        assert r["first"]["elapsed"] < 10
+    assert r0["first"]["message"].startswith("rank 1: skip_batch: guard fault")
 
 
 def test_single_process_is_a_pass_through():
