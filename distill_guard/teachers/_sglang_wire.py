@@ -46,7 +46,17 @@ def _value(entry: Any, item: int, pos: int) -> float:
 def parse_score_response(
     items: Any, sequences: Sequence[Sequence[int]], top_k: int, logprob_start_len: int
 ) -> ScoreResult:
-    """Turn SGLang's per-item dicts into a :class:`ScoreResult`, checking every length."""
+    """Turn SGLang's per-item dicts into a :class:`ScoreResult`, checking every length. Any
+    answer of the wrong shape or type is a :class:`TeacherError`, never another exception."""
+    try:
+        return _parse(items, sequences, top_k, logprob_start_len)
+    except (TypeError, ValueError, IndexError, AttributeError) as exc:
+        raise TeacherError(f"/generate answer malformed: {type(exc).__name__}: {exc}") from None
+
+
+def _parse(
+    items: Any, sequences: Sequence[Sequence[int]], top_k: int, logprob_start_len: int
+) -> ScoreResult:
     if isinstance(items, dict):
         items = [items]
     if not isinstance(items, list) or len(items) != len(sequences):
