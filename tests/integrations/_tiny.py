@@ -18,7 +18,7 @@ def tiny_qwen3(seed: int = 0, vocab: int = VOCAB, embed_std: float = 0.3) -> tor
     """A 2-layer Qwen3 built from a config (no download), peaked like a trained teacher."""
     from distill_guard.testing.tiny import tiny_qwen3 as build
 
-    return build(vocab_size=vocab, seed=seed, embed_std=embed_std, max_positions=64)
+    return build(vocab_size=vocab, seed=seed, embed_std=embed_std, max_positions=128)
 
 
 def student_of(teacher: torch.nn.Module, noise: float = 0.02, seed: int = 1) -> torch.nn.Module:
