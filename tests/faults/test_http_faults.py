@@ -20,7 +20,7 @@ from distill_guard.observations import RunSpec
 from distill_guard.policy import Action
 from distill_guard.teachers import SGLangHTTPTeacher, TeacherError
 
-TIMEOUT_S = 1.0
+TIMEOUT_S = 0.5
 RELEASE = threading.Event()
 
 
