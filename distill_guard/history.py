@@ -113,14 +113,12 @@ def _scan_keys(path: Path) -> tuple[set[str], int]:
     for _, row in _iter_rows(path):
         keys.update(row)
         n += 1
-    if n == 0:
-        with path.open("rb") as fh:
-            empty = not fh.read(4096).strip()
+    if n == 0:  # a CSV got past its header row; a JSONL without rows has only blank lines
         raise HistoryError(
             path,
-            "file is empty: no steps to replay"
-            if empty
-            else "file has a header but no rows: no steps to replay",
+            "file has a header but no rows: no steps to replay"
+            if path.suffix.lower() == ".csv"
+            else "file is empty: no steps to replay",
         )
     return keys, n
 

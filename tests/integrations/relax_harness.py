@@ -50,13 +50,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from distill_guard.integrations.relax.setup import GATE_FLAGS, HOOKS
 from distill_guard.teachers import SGLangHTTPTeacher, TorchTeacher
 from distill_guard.testing.reference_server import ReferenceServer, serve_in_thread
 from distill_guard.testing.servers import free_port
 
 VOCAB, PROMPT, RESPONSE, TEACHER_PROMPT = 128, 6, 10, 9
 GROUPS, PER_GROUP, TOP_K, RANKS, STEPS = 3, 2, 4, 2, 2
-HOOKS = "distill_guard.integrations.relax"
 TOLERANCE = 1e-3
 """A queued teacher value further than this from the never-slept teacher's is poisoned."""
 
@@ -89,13 +89,7 @@ def default_gates(line: str) -> tuple[str, ...]:
 
 
 WIRING = {
-    "filter": ("dynamic_sampling_filter_path", f"{HOOKS}.dynamic_sampling_filter"),
-    "log": ("custom_rollout_log_function_path", f"{HOOKS}.rollout_log_function"),
-    "train_step": (
-        "custom_megatron_before_train_step_hook_path",
-        f"{HOOKS}.before_train_step_hook",
-    ),
-    "post_process": ("custom_reward_post_process_path", f"{HOOKS}.reward_post_process"),
+    **GATE_FLAGS,
     "feedback": ("opd_feedback_class", f"{HOOKS}.GuardedGoldenAnswerSDPOFeedback"),
 }
 """Gate → (the Relax argument, the guard's hook path)."""
