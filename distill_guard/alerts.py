@@ -6,7 +6,12 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from distill_guard.findings import Code
+
+if TYPE_CHECKING:
+    from distill_guard.policy import Decision
 
 log = logging.getLogger("distill_guard")
 
@@ -19,6 +24,20 @@ def alert_title(code: str, action: str | None = None) -> str:
     """A stable, short title: the same fault always maps to the same title, so throttling works."""
     title = f"distill_guard {action}: {code}" if action else f"distill_guard: {code}"
     return title[:MAX_TITLE]
+
+
+def decision_alert(decision: Decision) -> tuple[str, str, str]:
+    """Title, body and level of the alert for a decision: the title names the cause (not the
+    repair notice that may ride along) and what was done; ERROR when the run changed course or
+    would have."""
+    causes = {f.code for f in decision.reasons if f.code != Code.TEACHER_REPAIRED}
+    codes = sorted(causes or {f.code for f in decision.reasons}) or ["unknown"]
+    level = "ERROR" if decision.acts or decision.intended is not None else "WARN"
+    title = alert_title(codes[0], decision.action.value if decision.acts else None)
+    lines = [f"step {decision.step}: {decision.message}"]
+    lines += [f.message for f in decision.reasons[:1]]
+    lines += [f.message for f in decision.reasons[1:] if f.code == Code.TEACHER_REPAIRED]
+    return title, "\n".join(lines), level
 
 
 @dataclass

@@ -94,7 +94,13 @@ def add_replay(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--loss", choices=["jsd", "reverse_kl", "forward_kl"], default="jsd")
     p.add_argument("--beta", type=float, default=0.5, help="JSD teacher weight (default 0.5)")
-    p.add_argument("--vocab-size", type=int, default=None, help="teacher vocabulary size V")
+    p.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        help="teacher vocabulary size V: makes the uniform-teacher test (−ln V) exact; without "
+        "it V is only inferred from a flat teacher logprob column, and the replay says so",
+    )
     p.add_argument("--loss-scale", type=float, default=1.0, help="factor applied to the loss")
     p.add_argument("--preset", default="default", help=f"guard preset: {', '.join(PRESETS)}")
     p.add_argument(
@@ -102,14 +108,21 @@ def add_replay(sub: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="Hydra override on the guard config, e.g. checks.entropy_drift.h=6; repeatable",
+        help="Hydra override on the guard config, e.g. checks.entropy_drift.threshold_sigma=4; repeatable",
     )
-    p.add_argument("--plot", metavar="FILE.png", help="draw the signals with the findings marked")
+    p.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="draw the signals with their bounds (JSD ceiling, ±ln V), each finding's first "
+        "step, the first action and the halt",
+    )
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
     """Replay a run's per-step metrics through a guard preset and report what it would have
-    found and done. Metric names default to Relax's."""
+    found and done: each finding's first step, the first action (skip_batch, rewake or halt)
+    and the halt, told apart and with the same steps in the table, --json (first_action,
+    halt_step, notices) and --plot. Metric names default to Relax's."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 

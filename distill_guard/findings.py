@@ -51,6 +51,9 @@ class Code:
     STUDENT_ENTROPY_DROP = "student.entropy_drop"
     STUDENT_ENTROPY_LIMIT = "student.entropy_limit"
     STUDENT_TRUNCATION = "student.truncation"
+    STUDENT_DIVERGED = "student.diverged"
+    LOSS_SHIFT = "loss.shift"
+    EVAL_ACCURACY_DROP = "eval.accuracy_drop"
     METRIC_NONFINITE = "metric.nonfinite"
     CONFIG_NO_WEIGHTS_BACKUP = "config.no_weights_backup"
     CONFIG_BACKUP_DISABLED_BY_CACHE_MODE = "config.backup_disabled_by_cache_mode"
@@ -59,6 +62,17 @@ class Code:
     GUARD_INTERNAL_ERROR = "guard.internal_error"
     CONSENSUS_FAILED = "guard.consensus_failed"
     ALERT_FAILED = "guard.alert_failed"
+
+
+TEACHER_FAULTS = frozenset(
+    {
+        Code.TEACHER_UNIFORM,
+        Code.TEACHER_NONFINITE,
+        Code.TEACHER_FINGERPRINT_MISMATCH,
+        Code.TEACHER_REPAIR_FAILED,
+    }
+)
+"""Findings that are the teacher's own evidence of a fault (its scores, its canary)."""
 
 
 def _jsonable(value: Any) -> Any:

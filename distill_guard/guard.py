@@ -23,20 +23,24 @@ from typing import Any
 
 import torch
 
-from distill_guard.alerts import Alerter, alert_title
+from distill_guard.alerts import Alerter, decision_alert
 from distill_guard.checks import Check, default_checks
 from distill_guard.checks.canary import CanaryCheck
 from distill_guard.events import EventLog
-from distill_guard.findings import Code, Finding, internal_error
+from distill_guard.findings import TEACHER_FAULTS, Code, Finding, internal_error
 from distill_guard.live.canary import Canary
 from distill_guard.live.colocate import ColocatedTeacher
+from distill_guard.live.module_canary import ModuleCanary
 from distill_guard.live.repair import Reloader
 from distill_guard.observations import RunSpec, StepMetrics, TeacherScores
-from distill_guard.policy import Action, Decision, Halt, Policy
+from distill_guard.policy import Action, Decision, Halt, Policy, feasible
 from distill_guard.summary import GuardSummary
 from distill_guard.teachers.base import Teacher, TeacherError
 
 log = logging.getLogger("distill_guard")
+
+UPDATE_PENDING = frozenset({"wake", "teacher_scores", "step_metrics_before_update"})
+"""Stages that come before the step's optimizer update: a skip there is a skip."""
 
 Reducer = Callable[[Decision], Decision]
 """Makes every rank take the same decision (see :mod:`distill_guard.consensus`)."""
@@ -104,6 +108,9 @@ class DistillGuard:
         self.repair_backoff_s = repair_backoff_s
         self.colocated: ColocatedTeacher | None = None
         """The teacher the guard sleeps, wakes and repairs; None without a live teacher."""
+        self.module_canary: ModuleCanary | None = None
+        """The canary of an in-process teacher module (:meth:`watch_module_teacher`)."""
+        self._evidence: tuple[int, bool] | None = None
         if teacher is not None:
             self.attach_teacher(teacher)
 
@@ -136,6 +143,18 @@ class DistillGuard:
                 self.run = dataclasses.replace(self.run, vocab_size=int(v))
         return self.colocated
 
+    def watch_module_teacher(self, module: torch.nn.Module) -> ModuleCanary:
+        """Check an in-process teacher module on the canary before each update
+        (:meth:`on_teacher_scores`): a teacher whose weights changed is caught even when its
+        scores look like any teacher's (noise at the weights' own scale is not uniform)."""
+        spec = self.canary_spec
+        self.module_canary = ModuleCanary(
+            module,
+            spec.check if isinstance(spec, Canary) else spec,
+            vocab_size=self.run.vocab_size,
+        )
+        return self.module_canary
+
     # ------------------------------------------------------------------ lifecycle hooks
 
     def wake(self, step: int, *, resume: Callable[[], Any] | None = None) -> Decision:
@@ -152,6 +171,7 @@ class DistillGuard:
             return self._conclude("wake", step, [])
         colocated = self.colocated
         findings = self._safely("wake", lambda: colocated.wake(step, resume), step)
+        self._note_evidence(step, findings)
         return self._conclude("wake", step, findings)
 
     def sleep(self, step: int, *, release: Callable[[], Any] | None = None) -> Decision:
@@ -179,15 +199,30 @@ class DistillGuard:
         caught here, before it poisons an update. Act on ``skip_batch``/``rewake`` by not
         training on these scores (re-score if ``decision.repaired``)."""
         scores = TeacherScores(step, token_logprobs, topk_logprobs, mask)
-        findings = self._run_checks("on_teacher_scores", scores)
+        findings = []
+        module_canary = self.module_canary
+        if module_canary is not None:
+            findings += self._safely("canary", lambda: module_canary.check(step), step)
+        findings += self._run_checks("on_teacher_scores", scores)
+        seen = any(t is not None and t.numel() for t in (token_logprobs, topk_logprobs))
+        if seen or module_canary is not None:
+            self._note_evidence(step, findings)
         return self._conclude("teacher_scores", step, findings)
 
-    def on_step_metrics(self, step: int, metrics: Mapping[str, float | None]) -> Decision:
-        """After the optimizer step, with metrics keyed by :class:`~distill_guard.observations.Metric`
-        roles (loss, student_entropy, truncated_ratio, teacher_logprob, eval_accuracy)."""
+    def on_step_metrics(
+        self, step: int, metrics: Mapping[str, float | None], *, before_update: bool = False
+    ) -> Decision:
+        """With the step's metrics keyed by :class:`~distill_guard.observations.Metric` roles
+        (loss, student_entropy, truncated_ratio, teacher_logprob, eval_accuracy).
+
+        ``before_update``: the step's update is still to come (a raw loss judged before the
+        optimizer), so a ``skip_batch`` can still be carried out; after it, it cannot, and the
+        decision says so instead of claiming a skip."""
         values = {k: v for k, v in metrics.items() if v is not None}
-        findings = self._run_checks("on_step_metrics", StepMetrics(step, values))
-        return self._conclude("step_metrics", step, findings)
+        evidence = self._evidence[1] if self._evidence and self._evidence[0] == step else None
+        findings = self._run_checks("on_step_metrics", StepMetrics(step, values, evidence))
+        stage = "step_metrics_before_update" if before_update else "step_metrics"
+        return self._conclude(stage, step, findings)
 
     # ------------------------------------------------------------------ state
 
@@ -229,6 +264,8 @@ class DistillGuard:
         }
         if self.colocated is not None:
             state |= self.colocated.state_dict()
+        if self.module_canary is not None:
+            state["module_canary"] = self.module_canary.state_dict()
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -242,6 +279,8 @@ class DistillGuard:
             self.run = RunSpec(**state["run"])
         if self.colocated is not None:
             self.colocated.load_state_dict(dict(state))
+        if self.module_canary is not None and "module_canary" in state:
+            self.module_canary.load_state_dict(state["module_canary"])
 
     def close(self) -> None:
         """Flush and close the event log (call at the end of training or before a halt exit)."""
@@ -278,7 +317,7 @@ class DistillGuard:
 
     def _safe_decision(self, stage: str, step: int, exc: Exception) -> Decision:
         log.exception("distill_guard: deciding at %s raised", stage)
-        safe = Action.SKIP_BATCH if stage in ("wake", "teacher_scores") else Action.ALERT
+        safe = Action.SKIP_BATCH if stage in UPDATE_PENDING else Action.ALERT
         why = "this step is not trained on the teacher's scores, as a precaution"
         fault = internal_error(
             stage, exc, step, why if safe is Action.SKIP_BATCH else "run goes on"
@@ -294,6 +333,9 @@ class DistillGuard:
         except Exception as exc:  # noqa: BLE001 - every rank must still reach the reduction
             local = self._safe_decision(stage, step, exc)
         decision = self._reduce(local) if self.reducer is not None else local
+        pending, can_reload = stage in UPDATE_PENDING, self.colocated is not None
+        decision = feasible(decision, update_pending=pending, can_reload=can_reload)
+        local = feasible(local, update_pending=pending, can_reload=can_reload)
         if decision.action is Action.REWAKE:
             decision = self._rewake(stage, decision, local)
         if decision.action is not Action.CONTINUE:
@@ -305,6 +347,15 @@ class DistillGuard:
             self.events.write("halt", stage=stage, step=step, message=decision.message)
             self.events.close()
         return decision
+
+    def _note_evidence(self, step: int, findings: list[Finding]) -> None:
+        """What the teacher's own evidence (its canary, then its scores) says of this step; the
+        latest wins (scores taken after a repair at wake are the repaired teacher's)."""
+        codes = {f.code for f in findings}
+        if codes & TEACHER_FAULTS:
+            self._evidence = (step, False)
+        elif Code.TEACHER_UNREACHABLE not in codes:
+            self._evidence = (step, True)
 
     def _record(self, stage: str, findings: list[Finding]) -> None:
         for f in findings:
@@ -377,16 +428,9 @@ class DistillGuard:
         )
 
     def _alert(self, decision: Decision) -> None:
-        # the title names the cause, not the repair notice that may ride along
-        causes = {f.code for f in decision.reasons if f.code != Code.TEACHER_REPAIRED}
-        codes = sorted(causes or {f.code for f in decision.reasons}) or ["unknown"]
-        level = "ERROR" if decision.acts or decision.intended is not None else "WARN"
-        title = alert_title(codes[0], decision.action.value if decision.acts else None)
-        lines = [f"step {decision.step}: {decision.message}"]
-        lines += [f.message for f in decision.reasons[:1]]
-        lines += [f.message for f in decision.reasons[1:] if f.code == Code.TEACHER_REPAIRED]
+        title, body, level = decision_alert(decision)
         self.events.write("alert", step=decision.step, title=title, level=level)
-        self.alerter.alert(title, "\n".join(lines), level)
+        self.alerter.alert(title, body, level)
 
     def _alert_failed(self, title: str, exc: Exception) -> None:
         self.events.write("alert_failed", title=title, error=f"{type(exc).__name__}: {exc}")

@@ -96,6 +96,10 @@ class StepMetrics:
 
     step: int
     values: Mapping[str, float] = field(default_factory=dict)
+    teacher_healthy: bool | None = None
+    """The teacher's own evidence for this step: True when its scores (or its canary at wake)
+    were checked this step and showed nothing, False when they showed a fault, None when the
+    guard saw none. Checks use it to blame the teacher only when its evidence supports it."""
 
     def get(self, role: str) -> float | None:
         value = self.values.get(role)

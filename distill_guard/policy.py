@@ -6,6 +6,7 @@ and action are split so a preset can watch without acting (``monitor_only``).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -196,6 +197,28 @@ class Policy:
         self._warn.load_state_dict(state.get("warn", {}))
 
 
+def feasible(decision: Decision, *, update_pending: bool, can_reload: bool) -> Decision:
+    """The decision as it can be carried out where it was taken: a rewake needs a teacher to
+    reload, a skip an update still to come. What could not be done stays as ``intended`` and is
+    said in the message, never recorded as done."""
+    if decision.action is Action.REWAKE and not can_reload:
+        done, why = (
+            (Action.SKIP_BATCH, "no live teacher to reload: this update is skipped instead")
+            if update_pending
+            else (Action.ALERT, "no live teacher to reload, and the update was already taken")
+        )
+    elif decision.action is Action.SKIP_BATCH and not update_pending:
+        done, why = Action.ALERT, "the update of this step was already taken: nothing skipped"
+    else:
+        return decision
+    return dataclasses.replace(
+        decision,
+        action=done,
+        intended=decision.intended or decision.action,
+        message=f"{decision.message}; {why}",
+    )
+
+
 def _action(field_name: str, value: Action | str) -> Action:
     try:
         return Action(value)
@@ -206,21 +229,26 @@ def _action(field_name: str, value: Action | str) -> Action:
 
 @dataclass
 class _StepRun:
-    """Length of the current run of consecutive observed steps on which a condition held."""
+    """Length of the current run of consecutive observed steps on which a condition held.
+
+    A step holds if any of its stages found something: a clean stage (the teacher scores of a
+    step whose loss later sits at the ceiling) does not end the run, only a step with no hit at
+    any stage does, and that is known when the next step begins.
+    """
 
     run: int = 0
     last_step: int | None = None
     last_hit: bool = False
 
     def observe(self, step: int | None, hit: bool) -> int:
-        if step is not None and step == self.last_step:
-            if hit and not self.last_hit:  # a later stage of the same step found something
-                self.run += 1
-                self.last_hit = True
-            return self.run
-        self.run = self.run + 1 if hit else 0
-        self.last_step, self.last_hit = step, hit
-        return self.run
+        if step is None or step != self.last_step:
+            if not self.last_hit:
+                self.run = 0
+            self.last_step, self.last_hit = step, False
+        if hit and not self.last_hit:
+            self.run += 1
+            self.last_hit = True
+        return self.run if self.last_hit else 0
 
     def reset(self) -> None:
         self.run = 0

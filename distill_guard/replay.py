@@ -3,13 +3,33 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from distill_guard.alerts import Alerter
 from distill_guard.config import build_guard
-from distill_guard.findings import Finding, Severity, worst
+from distill_guard.findings import Code, Finding, Severity, worst
 from distill_guard.history import History
+from distill_guard.observations import Metric, RunSpec
 from distill_guard.policy import Action, Decision
+
+
+class FirstAction(NamedTuple):
+    """Where the guard would first have changed the run's course, and how."""
+
+    step: int | None
+    action: str
+    """``skip_batch``, ``rewake`` or ``halt`` (the intended one under ``monitor_only``)."""
+
+
+def acting(decision: Decision) -> Action | None:
+    """The course-changing action of a decision, done or (monitor-only) intended; None if it
+    only alerts."""
+    acts = [
+        a
+        for a in (decision.action, decision.intended)
+        if a is not None and a.rank >= Action.SKIP_BATCH.rank
+    ]
+    return max(acts, key=lambda a: a.rank) if acts else None
 
 
 @dataclass
@@ -18,6 +38,8 @@ class ReplayResult:
     preset: str
     findings: list[Finding] = field(default_factory=list)
     decisions: list[Decision] = field(default_factory=list)
+    run: RunSpec = field(default_factory=RunSpec)
+    """The run facts the guard judged with (V, loss, β, scale): what the plot's lines show."""
 
     @property
     def first(self) -> dict[str, int | None]:
@@ -27,12 +49,50 @@ class ReplayResult:
         return out
 
     @property
+    def first_action_decision(self) -> Decision | None:
+        """The first decision that would have skipped a batch, rewoken the teacher or halted."""
+        return next((d for d in self.decisions if acting(d) is not None), None)
+
+    @property
+    def first_action(self) -> FirstAction | None:
+        """(step, action name) of the first course change, e.g. ``(40, "rewake")``; None if the
+        guard would only have alerted."""
+        d = self.first_action_decision
+        return None if d is None else FirstAction(d.step, acting(d).value)  # type: ignore[union-attr]
+
+    @property
+    def halt_decision(self) -> Decision | None:
+        """The first decision that halts (or, monitor-only, would have)."""
+        return next((d for d in self.decisions if Action.HALT in (d.action, d.intended)), None)
+
+    @property
     def halt_step(self) -> int | None:
-        """First step whose decision is rewake or halt (what an acting guard would have done)."""
-        for d in self.decisions:
-            if Action.REWAKE in (d.action, d.intended) or Action.HALT in (d.action, d.intended):
-                return d.step
+        """Step of the first halt; None if the guard would not have halted."""
+        d = self.halt_decision
+        return None if d is None else d.step
+
+    @property
+    def inferred_vocab_size(self) -> int | None:
+        """V as the uniform-teacher check inferred it from a flat logprob column, if it did."""
+        for f in self.findings:
+            if f.code == Code.TEACHER_UNIFORM and f.values.get("inferred_vocab_size"):
+                return int(f.values["inferred_vocab_size"])
         return None
+
+    @property
+    def notices(self) -> list[str]:
+        """What the replay could not check as asked: a teacher logprob column without V."""
+        column = self.history.keys.get(Metric.TEACHER_LOGPROB)
+        if column is None or self.run.vocab_size is not None:
+            return []
+        head = (
+            f"the teacher logprob column '{column}' is present but the vocabulary size is "
+            "unknown: the uniform-teacher test (−ln V) ran only by inference from a flat column"
+        )
+        inferred = self.inferred_vocab_size
+        if inferred is not None:
+            head += f" (it inferred V = {inferred})"
+        return [f"{head}; pass --vocab-size V to make it exact."]
 
     @property
     def worst(self) -> Severity | None:
@@ -44,13 +104,16 @@ class ReplayResult:
         return 1 if worst is not None and worst >= Severity.WARN else 0
 
     def to_json(self) -> dict[str, Any]:
+        first_action = self.first_action
         return {
             "findings": [
                 {"step": f.step, "code": f.code, "severity": f.severity.value, "message": f.message}
                 for f in self.findings
             ],
             "first": self.first,
+            "first_action": first_action._asdict() if first_action else None,
             "halt_step": self.halt_step,
+            "notices": self.notices,
         }
 
 
@@ -71,56 +134,71 @@ def replay(
         d = guard.on_step_metrics(step, values)
         if d.action is not Action.CONTINUE or d.intended is not None:
             result.decisions.append(d)
+    result.run = guard.run
     return result
 
 
 def format_table(result: ReplayResult) -> str:
-    """The human summary: per finding code its first step, count and severity, then decisions."""
+    """The human summary: notices, per finding code its first step, count and severity, then
+    the first action and the halt (the same numbers as ``--json`` and the plot)."""
     h = result.history
-    first = result.first
-    counts: dict[str, int] = {}
-    severity: dict[str, Severity] = {}
-    message: dict[str, str] = {}
-    for f in result.findings:
-        counts[f.code] = counts.get(f.code, 0) + 1
-        if f.code not in severity or f.severity > severity[f.code]:
-            severity[f.code] = f.severity
-        message.setdefault(f.code, f.message)
     lines = [f"distill_guard replay of {h.path}: {len(h.steps)} steps, preset '{result.preset}'"]
     lines.append("metrics: " + ", ".join(f"{r}={k}" for r, k in sorted(h.keys.items())))
     if h.missing:
         lines.append("not in the file (their checks were skipped): " + ", ".join(h.missing))
+    lines += [f"NOTICE: {n}" for n in result.notices]
     lines.append("")
-    if not counts:
+    if not result.findings:
         lines.append("No findings: the guard would have let this run continue untouched.")
-        return "\n".join(lines)
-    order = sorted(
-        counts, key=lambda c: (-severity[c].rank, first[c] if first[c] is not None else -1)
-    )
-    width = max(len(c) for c in order)
-    lines.append(f"{'finding':<{width}}  {'severity':<8}  {'first step':>10}  {'count':>6}")
-    for code in order:
-        lines.append(
-            f"{code:<{width}}  {severity[code].value:<8}  {first[code]!s:>10}  {counts[code]:>6}"
-        )
+        return "\n".join([*lines, *_action_lines(result)])
+    lines += _finding_rows(result)
     lines.append("")
-    acted: dict[str, int | None] = {}
-    for d in result.decisions:
-        for a in (d.action, d.intended):
-            if a is not None and a is not Action.CONTINUE:
-                acted.setdefault(a.value, d.step)
-    if result.halt_step is None:
-        lines.append("Decision: alert only; the guard would not have repaired or halted.")
-    else:
-        steps = ", ".join(
-            f"{a} at step {s}" for a, s in sorted(acted.items(), key=lambda kv: kv[1])
-        )
-        lines.append(f"Decision: {steps}.")
-        halt = next((d for d in result.decisions if Action.HALT in (d.action, d.intended)), None)
-        if halt is not None:
-            lines.append(f"  halt reason: {halt.message}")
+    lines += _action_lines(result)
     lines.append("")
     lines.append("What each finding means (first occurrence):")
-    for code in order:
-        lines.append(f"- {code} (step {first[code]}): {message[code]}")
+    seen: set[str] = set()
+    for f in sorted(result.findings, key=lambda f: _order_key(result, f.code)):
+        if f.code not in seen:
+            seen.add(f.code)
+            lines.append(f"- {f.code} (step {f.step}): {f.message}")
     return "\n".join(lines)
+
+
+def _order_key(result: ReplayResult, code: str) -> tuple[int, int]:
+    """Worst severity first, then earliest first step."""
+    rank = max(f.severity.rank for f in result.findings if f.code == code)
+    step = result.first[code]
+    return -rank, step if step is not None else -1
+
+
+def _finding_rows(result: ReplayResult) -> list[str]:
+    """One row per finding code: its worst severity, first step and count."""
+    counts: dict[str, int] = {}
+    severity: dict[str, Severity] = {}
+    for f in result.findings:
+        counts[f.code] = counts.get(f.code, 0) + 1
+        if f.code not in severity or f.severity > severity[f.code]:
+            severity[f.code] = f.severity
+    order = sorted(counts, key=lambda c: _order_key(result, c))
+    width = max(len(c) for c in order)
+    first = result.first
+    rows = [f"{'finding':<{width}}  {'severity':<8}  {'first step':>10}  {'count':>6}"]
+    for code in order:
+        rows.append(
+            f"{code:<{width}}  {severity[code].value:<8}  {first[code]!s:>10}  {counts[code]:>6}"
+        )
+    return rows
+
+
+def _action_lines(result: ReplayResult) -> list[str]:
+    """The first action and the halt, each with its reason, or that there was none."""
+    first, act = result.first_action, result.first_action_decision
+    if first is None or act is None:
+        lines = ["First action: none: the guard would only have alerted."]
+    else:
+        lines = [f"First action: {first.action} at step {first.step} (reason: {act.message})."]
+    halt = result.halt_decision
+    lines.append(
+        "Halt: none." if halt is None else f"Halt: step {halt.step} (reason: {halt.message})."
+    )
+    return lines

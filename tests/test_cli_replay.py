@@ -14,6 +14,7 @@ import pytest
 from distill_guard.findings import Code
 from distill_guard.history import load_history
 from distill_guard.replay import replay
+from distill_guard.report import replay_figure
 from distill_guard.testing.histories import (
     collapsed_history,
     healthy_history,
@@ -23,6 +24,7 @@ from tests.conftest import QWEN3_V, write_csv, write_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 SEVERITIES = {"info", "warn", "critical"}
+ACTING = {"skip_batch", "rewake", "halt"}
 
 
 def as_json(out: str) -> dict:
@@ -31,8 +33,8 @@ def as_json(out: str) -> dict:
 
 def check_schema(result: dict) -> None:
     """Exactly {"findings": [{step, code, severity, message}], "first": {code: step},
-    "halt_step": int | null}."""
-    assert set(result) == {"findings", "first", "halt_step"}
+    "first_action": {step, action} | null, "halt_step": int | null, "notices": [str]}."""
+    assert set(result) == {"findings", "first", "first_action", "halt_step", "notices"}
     assert isinstance(result["findings"], list)
     for f in result["findings"]:
         assert set(f) == {"step", "code", "severity", "message"}
@@ -45,6 +47,14 @@ def check_schema(result: dict) -> None:
         expected_first.setdefault(f["code"], f["step"])
     assert result["first"] == expected_first
     assert result["halt_step"] is None or isinstance(result["halt_step"], int)
+    first_action = result["first_action"]
+    if first_action is not None:
+        assert set(first_action) == {"step", "action"} and isinstance(first_action["step"], int)
+        assert first_action["action"] in ACTING
+    if result["halt_step"] is not None:  # a halt is an action, never before the first one
+        assert first_action is not None and first_action["step"] <= result["halt_step"]
+    assert isinstance(result["notices"], list)
+    assert all(isinstance(n, str) and n for n in result["notices"])
 
 
 @pytest.fixture
@@ -56,7 +66,7 @@ def collapsed(tmp_path) -> Path:
 
 
 @pytest.mark.parametrize("vocab", [[], ["--vocab-size", QWEN3_V]], ids=["no-vocab", "vocab"])
-def test_a_failed_run_is_flagged_at_step_0_and_halted_by_step_5(run_cli, collapsed, vocab):
+def test_a_failed_run_is_flagged_at_step_0_and_acted_on_by_step_5(run_cli, collapsed, vocab):
     rows = list(collapsed_history())
     assert rows[0]["train/loss"] == pytest.approx(0.688, abs=1e-3)  # the run we think we replay
     code, out, err = run_cli("replay", collapsed, "--json", "--beta", "0.5", *vocab)
@@ -65,7 +75,9 @@ def test_a_failed_run_is_flagged_at_step_0_and_halted_by_step_5(run_cli, collaps
     check_schema(result)
     assert result["first"][Code.LOSS_JSD_CEILING] == 0
     assert min(result["first"].values()) == 0
-    assert result["halt_step"] is not None and result["halt_step"] <= 5
+    assert result["first_action"] == {"step": 0, "action": "rewake"}
+    # one critical step (the loss leaves the ceiling at step 1): the rewake is all it takes
+    assert result["halt_step"] is None
     step0 = [f for f in result["findings"] if f["step"] == 0]
     assert any(f["severity"] == "critical" for f in step0)
 
@@ -82,7 +94,7 @@ def test_a_healthy_run_is_left_alone(run_cli, tmp_path, seed, vocab):
     check_schema(result)
     loud = [f for f in result["findings"] if f["severity"] != "info"]
     assert loud == [], loud[:3]
-    assert result["halt_step"] is None
+    assert result["first_action"] is None and result["halt_step"] is None
     assert code == 0, err
 
 
@@ -101,7 +113,7 @@ def test_info_findings_alone_exit_0(run_cli, tmp_path):
     result = as_json(out)
     assert set(result["first"]) == {Code.STUDENT_ENTROPY_DROP}
     assert {f["severity"] for f in result["findings"]} == {"info"}
-    assert result["halt_step"] is None
+    assert result["first_action"] is None and result["halt_step"] is None
     assert code == 0, err
 
 
@@ -114,10 +126,16 @@ def test_a_uniform_teacher_metric_is_flagged_from_step_1(run_cli, tmp_path):
     result = as_json(out)
     check_schema(result)
     assert result["first"][Code.TEACHER_UNIFORM] == 1
+    assert result["notices"] == []
     assert code == 1
-    # without V the −ln V test cannot be made: it says nothing rather than guess
+    # without V the exact −ln V test cannot be made, and the replay says so, loudly
     code, out, _ = run_cli("replay", path, "--json")
-    assert Code.TEACHER_UNIFORM not in as_json(out)["first"]
+    result = as_json(out)
+    check_schema(result)
+    [notice] = result["notices"]
+    assert "'rollout/teacher_log_probs'" in notice and "--vocab-size" in notice
+    if Code.TEACHER_UNIFORM in result["first"]:  # the check inferred V from the flat column
+        assert f"inferred V = {QWEN3_V}" in notice
 
 
 def test_subprocess_entry_point(collapsed):
@@ -139,6 +157,90 @@ def test_subprocess_entry_point(collapsed):
     assert result["first"][Code.LOSS_JSD_CEILING] == 0
 
 
+# ---------------------------------------------------------------- first action, halt, notices
+
+
+def ceiling_from_step_40(tmp_path: Path) -> Path:
+    """80 healthy steps whose loss sits at the JSD ceiling (0.69 at β 0.5) from step 40 on: a
+    teacher-attributed critical finding, so the default preset rewakes at 40 and, the loss
+    staying there, halts at 42 (3 consecutive critical steps)."""
+    rows = list(healthy_history(80, seed=0, spike_step=None))
+    for r in rows[40:]:
+        r["train/loss"] = 0.69
+    return write_jsonl(rows, tmp_path / "ceiling40.jsonl")
+
+
+def vertical_lines(ax) -> dict[str, list[float]]:
+    """linestyle → x of the full-height vertical lines (``axvline``) on a panel."""
+    out: dict[str, list[float]] = {}
+    for line in ax.get_lines():
+        x, y = list(line.get_xdata()), list(line.get_ydata())
+        if len(x) == 2 and x[0] == x[1] and y == [0, 1]:
+            out.setdefault(line.get_linestyle(), []).append(float(x[0]))
+    return out
+
+
+@pytest.mark.parametrize("preset", ["default", "monitor_only"])
+def test_first_action_and_halt_are_told_apart_and_agree_everywhere(run_cli, tmp_path, preset):
+    """The issue: JSON said halt_step 40 (the rewake) while the text said halt at 42."""
+    path = ceiling_from_step_40(tmp_path)
+    args = ["replay", path, "--preset", preset, "--vocab-size", QWEN3_V]
+    code, out, err = run_cli(*args, "--json")
+    assert code == 1, err
+    result = as_json(out)
+    check_schema(result)
+    assert result["first"] == {Code.LOSS_JSD_CEILING: 40}
+    assert result["first_action"] == {"step": 40, "action": "rewake"}
+    assert result["halt_step"] == 42
+
+    png = tmp_path / "p.png"
+    code, text, err = run_cli(*args, "--plot", png)
+    assert code == 1, err
+    assert "First action: rewake at step 40 (reason: " in text
+    assert "Halt: step 42 (reason: " in text and "3 consecutive steps" in text
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    fig = replay_figure(replay(load_history(path), preset, [f"run.vocab_size={QWEN3_V}"]))
+    legend = [t.get_text() for lg in fig.legends for t in lg.get_texts()]
+    assert "first action: rewake at step 40" in legend and "halt at step 42" in legend
+    for ax in fig.axes:  # every panel, in two styles: dashed first action, dotted halt
+        lines = vertical_lines(ax)
+        assert lines["--"] == [40.0] and lines[":"] == [42.0]
+
+
+@pytest.mark.parametrize("pinned", [False, True], ids=["healthy", "pinned-at-minus-ln-V"])
+def test_a_teacher_column_without_vocab_size_gets_a_loud_notice(run_cli, tmp_path, pinned):
+    """The issue: a teacher logprob column pinned at −ln 151936 for 80 steps, no --vocab-size,
+    and not a word that the uniform-teacher test could not run as asked."""
+    rows = list(healthy_history(80, seed=0, spike_step=None))
+    if pinned:
+        for r in rows:
+            r["rollout/teacher_log_probs"] = -math.log(QWEN3_V)
+    path = write_jsonl(rows, tmp_path / "teacher.jsonl")
+    _, text, _ = run_cli("replay", path)
+    notice = next(ln for ln in text.splitlines() if ln.startswith("NOTICE: "))
+    assert (
+        "the teacher logprob column 'rollout/teacher_log_probs' is present but the vocabulary "
+        "size is unknown" in notice
+    )
+    assert "pass --vocab-size V to make it exact" in notice
+    _, out, _ = run_cli("replay", path, "--json")
+    result = as_json(out)
+    check_schema(result)
+    assert result["notices"] == [notice.removeprefix("NOTICE: ")]
+    if pinned and Code.TEACHER_UNIFORM in result["first"]:  # the check inferred V
+        assert f"inferred V = {QWEN3_V}" in notice
+    # with V the test is exact: no notice
+    code, text, _ = run_cli("replay", path, "--vocab-size", QWEN3_V)
+    assert "NOTICE" not in text
+    _, out, _ = run_cli("replay", path, "--json", "--vocab-size", QWEN3_V)
+    assert as_json(out)["notices"] == []
+    if pinned:
+        assert code == 1 and as_json(out)["first"][Code.TEACHER_UNIFORM] == 0
+    else:
+        assert code == 0
+
+
 # ---------------------------------------------------------------- formats and options
 
 
@@ -154,7 +256,9 @@ def test_table_output_names_findings_and_decision(run_cli, collapsed):
     assert f"{collapsed}" in out and "189 steps" in out
     line = next(ln for ln in out.splitlines() if ln.startswith(Code.LOSS_JSD_CEILING))
     assert line.split()[1:3] == ["critical", "0"]
-    assert "Decision:" in out and "rewake at step 0" in out
+    assert "First action: rewake at step 0 (reason: rewake: " in out
+    assert "\nHalt: none." in out
+    assert "NOTICE" not in out  # no teacher logprob column: nothing skipped to own up to
 
 
 def test_wandb_csv_export_replays_like_the_jsonl(run_cli, tmp_path):
@@ -179,6 +283,7 @@ def test_wandb_csv_export_replays_like_the_jsonl(run_cli, tmp_path):
         (f["step"], f["code"]) for f in b["findings"]
     ]
     assert a["first"] == b["first"] and a["halt_step"] == b["halt_step"]
+    assert a["first_action"] == b["first_action"]
 
 
 def test_key_remaps_a_role(run_cli, tmp_path):
@@ -205,7 +310,8 @@ def test_loss_scale_and_beta_reach_the_checks(run_cli, tmp_path):
 def test_monitor_only_preset_reports_what_it_would_have_done(run_cli, collapsed):
     code, out, _ = run_cli("replay", collapsed, "--json", "--preset", "monitor_only")
     result = as_json(out)
-    assert code == 1 and result["halt_step"] == 0  # the intended rewake counts
+    assert code == 1 and result["first_action"] == {"step": 0, "action": "rewake"}  # intended
+    assert result["halt_step"] is None
 
 
 def test_set_overrides_the_guard_config(run_cli, tmp_path):

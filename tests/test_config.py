@@ -73,7 +73,7 @@ def test_presets_differ_where_they_say_they_do():
     drift = {
         g: next(c for c in g.checks if isinstance(c, EntropyDriftCheck)) for g in (default, strict)
     }
-    assert drift[strict].h < drift[default].h
+    assert drift[strict].min_change_rel < drift[default].min_change_rel
 
 
 @pytest.mark.parametrize(
@@ -100,7 +100,7 @@ def test_a_misspelt_key_in_a_preset_file_fails_at_compose_time(tmp_path):
 
 def test_a_wrong_type_fails_at_compose_time():
     with pytest.raises(ConfigCompositionException):
-        compose_guard_config("default", ["checks.truncation.patience=three"])
+        compose_guard_config("default", ["checks.truncation.window=three"])
 
 
 def test_enum_values_by_name():
@@ -124,7 +124,7 @@ def test_overrides_reach_the_built_guard(tmp_path):
             "run.beta=0.1",
             "run.loss_scale=2.0",
             "checks.truncation.enabled=false",
-            "checks.entropy_drift.h=5.5",
+            "checks.entropy_drift.threshold_sigma=5.5",
             "alerts.use_wandb=false",
             "alerts.min_interval_s=30",
             "repair.max_attempts=5",
@@ -134,7 +134,7 @@ def test_overrides_reach_the_built_guard(tmp_path):
     guard = build_guard(cfg, rank=2)
     assert (guard.run.vocab_size, guard.run.beta, guard.run.loss_scale) == (151936, 0.1, 2.0)
     assert not any(isinstance(c, TruncationCheck) for c in guard.checks)
-    assert next(c for c in guard.checks if isinstance(c, EntropyDriftCheck)).h == 5.5
+    assert next(c for c in guard.checks if isinstance(c, EntropyDriftCheck)).threshold_sigma == 5.5
     assert guard.alerter.use_wandb is False and guard.alerter.min_interval_s == 30
     assert guard.alerter.rank == 2 and guard.rank == 2
     assert guard.repair_attempts == 5
@@ -155,7 +155,7 @@ def test_unknown_preset():
 
 def test_build_from_the_dataclass_directly():
     guard = build_guard(GuardConfig())
-    assert len(guard.checks) == 6 and guard.policy.critical_action is Action.REWAKE
+    assert len(guard.checks) == 8 and guard.policy.critical_action is Action.REWAKE
 
 
 def test_two_guards_from_one_config_share_no_state():

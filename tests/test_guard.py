@@ -62,7 +62,9 @@ def test_a_raising_check_becomes_an_internal_error_finding(make_guard, caplog):
     err = next(f for f in seen if f.code == Code.GUARD_INTERNAL_ERROR)
     assert err.severity is Severity.WARN and err.step == 0
     assert err.values["who"] == "boom" and "kaboom 42" in err.values["error"]
-    assert d.action is Action.REWAKE  # the ceiling finding still drives the decision
+    # the ceiling finding still drives the decision: a rewake, which without a teacher to
+    # reload and after the update is only an alert
+    assert d.action is Action.ALERT and d.intended is Action.REWAKE
     assert "kaboom" in caplog.text  # the traceback reaches the log
     d = guard.on_teacher_scores(1, topk_logprobs=torch.zeros(3, 2))
     assert d.action is Action.ALERT and "IndexError" in d.reasons[0].message
@@ -87,18 +89,24 @@ def test_the_reducer_sees_and_can_replace_every_decision(make_guard):
         return Decision(decision.step, Action.SKIP_BATCH, message="rank 3 says skip")
 
     guard = make_guard(run=RUN, reducer=reducer)
-    d = guard.on_step_metrics(0, HEALTHY)
+    d = guard.on_step_metrics(0, HEALTHY, before_update=True)
     assert [s.action for s in seen] == [Action.CONTINUE]
     assert d.action is Action.SKIP_BATCH and d.message == "rank 3 says skip"
+    d = guard.on_step_metrics(1, HEALTHY)  # after the update: the skip cannot happen any more
+    assert d.action is Action.ALERT and d.intended is Action.SKIP_BATCH
+    assert (
+        d.message == "rank 3 says skip; the update of this step was already taken: nothing skipped"
+    )
 
 
 # ---------------------------------------------------------------- decisions by stage
 
 
-def test_uniform_teacher_scores_ask_for_a_rewake_before_the_update(make_guard):
+def test_uniform_teacher_scores_skip_the_update_when_no_teacher_can_be_rewoken(make_guard):
     guard = make_guard(run=RUN)
     d = guard.on_teacher_scores(3, topk_logprobs=torch.full((16, 8), -LN_QWEN3_V))
-    assert d.action is Action.REWAKE and d.acts
+    assert d.action is Action.SKIP_BATCH and d.acts and d.intended is Action.REWAKE
+    assert "no live teacher to reload: this update is skipped instead" in d.message
     assert [f.code for f in d.reasons] == [Code.TEACHER_UNIFORM]
     assert guard.summary.first == {Code.TEACHER_UNIFORM: 3}
 
@@ -124,7 +132,7 @@ def test_none_metrics_are_ignored(make_guard):
 
 def test_halt_is_sticky(make_guard, tmp_path):
     guard = make_guard(run=RUN, policy=Policy(halt_after_critical_steps=2))
-    assert guard.on_step_metrics(0, COLLAPSED).action is Action.REWAKE
+    assert guard.on_step_metrics(0, COLLAPSED).intended is Action.REWAKE
     d = guard.on_step_metrics(1, COLLAPSED)
     assert d.action is Action.HALT and guard.halted
     assert guard.halt.step == 1 and guard.halt.codes == (Code.LOSS_JSD_CEILING,)
@@ -167,7 +175,7 @@ def test_wake_and_sleep_without_a_teacher_only_run_the_hosts_calls(make_guard):
 def test_on_finding_sees_every_finding_including_info(make_guard):
     seen: list[Finding] = []
     guard = make_guard(
-        [TruncationCheck(patience=1), JSDCeilingCheck()], run=RUN, on_finding=seen.append
+        [TruncationCheck(window=1), JSDCeilingCheck()], run=RUN, on_finding=seen.append
     )
     guard.on_step_metrics(0, {"loss": 0.688, "truncated_ratio": 0.9})
     guard.on_step_metrics(1, {"loss": 0.01})
@@ -246,7 +254,7 @@ def test_a_failing_alert_channel_is_an_event_not_an_exception(tmp_path):
         alerter=Alerter(run=Refusing(), log_alerts=False),
     )
     d = guard.on_step_metrics(0, COLLAPSED)
-    assert d.action is Action.REWAKE
+    assert d.action is Action.ALERT and d.intended is Action.REWAKE
     kinds = [e["kind"] for e in read_events(tmp_path / "ev.jsonl")]
     assert kinds == ["finding", "decision", "alert", "alert_failed"]
     failed = read_events(tmp_path / "ev.jsonl")[-1]
@@ -261,15 +269,15 @@ def test_alerts_name_the_code_and_the_level_follows_the_action(tmp_path):
             calls.append(kwargs)
 
     guard = DistillGuard(
-        [TruncationCheck(patience=1), JSDCeilingCheck()],
+        [TruncationCheck(window=1), JSDCeilingCheck()],
         run=RUN,
         alerter=Alerter(run=Run(), log_alerts=False, min_interval_s=0),
     )
     guard.on_step_metrics(0, {"truncated_ratio": 0.9})
-    guard.on_step_metrics(1, {"loss": 0.688})
+    guard.on_step_metrics(1, {"loss": 0.688}, before_update=True)
     assert [c["title"] for c in calls] == [
         "distill_guard: student.truncation",
-        "distill_guard rewake: loss.jsd_ceiling",
+        "distill_guard skip_batch: loss.jsd_ceiling",  # what was done, not the rewake it wanted
     ]
     assert [str(c["level"]).rsplit(".", 1)[-1] for c in calls] == ["WARN", "ERROR"]
     assert "step 1" in calls[1]["text"] and "0.688" in calls[1]["text"]
@@ -308,12 +316,12 @@ def test_state_dict_round_trip_continues_identically(make_guard, quiet_alerter):
 def test_a_resumed_guard_remembers_an_incident_in_progress(make_guard):
     """Two critical steps before the checkpoint, one after: the resumed guard halts."""
     a = make_guard(run=RUN, events=None)  # halt after 3 consecutive critical steps
-    assert [a.on_step_metrics(s, COLLAPSED).action for s in (0, 1)] == [Action.REWAKE] * 2
+    assert [a.on_step_metrics(s, COLLAPSED).intended for s in (0, 1)] == [Action.REWAKE] * 2
     b = make_guard(run=RUN, events=None)
     b.load_state_dict(json.loads(json.dumps(a.state_dict())))
     assert b.on_step_metrics(2, COLLAPSED).action is Action.HALT
     fresh = make_guard(run=RUN, events=None)
-    assert fresh.on_step_metrics(2, COLLAPSED).action is Action.REWAKE
+    assert fresh.on_step_metrics(2, COLLAPSED).intended is Action.REWAKE
 
 
 def test_loaded_halt_stays_halted(make_guard):
@@ -398,3 +406,60 @@ def test_a_non_numeric_metric_is_an_internal_error_not_a_crash(make_guard, bad):
     guard = make_guard(run=RUN, on_finding=seen.append, events=None)
     guard.on_step_metrics(0, bad)
     assert {f.code for f in seen} == {Code.GUARD_INTERNAL_ERROR}
+
+
+# ---------------------------------------------------------------- decisions mean what they say
+
+
+def test_a_skip_after_the_update_is_recorded_as_not_done(make_guard, tmp_path):
+    guard = make_guard(run=RUN)
+    d = guard.on_step_metrics(0, {**HEALTHY, "loss": math.nan})  # a non-teacher critical
+    assert d.action is Action.ALERT and d.intended is Action.SKIP_BATCH and not d.acts
+    assert "already taken: nothing skipped" in d.message
+    d = guard.on_step_metrics(1, {**HEALTHY, "loss": math.nan}, before_update=True)
+    assert d.action is Action.SKIP_BATCH and d.intended is None
+    guard.close()
+    logged = [e for e in read_events(tmp_path / "events.jsonl") if e["kind"] == "decision"]
+    assert [(e["action"], e["intended"]) for e in logged] == [
+        ("alert", "skip_batch"),
+        ("skip_batch", None),
+    ]
+
+
+def test_a_rewake_without_a_teacher_is_never_recorded_as_one(make_guard, tmp_path):
+    guard = make_guard(run=RUN)
+    uniform = torch.full((16, 8), -LN_QWEN3_V)
+    for step in range(3):
+        guard.on_teacher_scores(step, topk_logprobs=uniform)
+    guard.close()
+    logged = [e for e in read_events(tmp_path / "events.jsonl") if e["kind"] == "decision"]
+    assert [e["action"] for e in logged] == ["skip_batch", "skip_batch", "halt"]
+    assert all(e["intended"] in ("rewake", None) for e in logged)
+    assert guard.repairs == 0
+
+
+def test_a_loss_at_the_ceiling_with_a_healthy_teacher_blames_the_student(make_guard):
+    """A learning rate far too high: the teacher's scores of each step are checked and healthy,
+    the loss sits at ln 2. Not the teacher's fault, and no skipping forever."""
+    seen: list[Finding] = []
+    guard = make_guard(run=RUN, on_finding=seen.append)
+    healthy_scores = -torch.rand(32, 8).sort(dim=1).values
+    actions = []
+    for step in range(6):
+        guard.on_teacher_scores(step, topk_logprobs=healthy_scores)
+        actions.append(guard.on_step_metrics(step, COLLAPSED, before_update=True).action)
+    assert actions[:3] == [Action.SKIP_BATCH, Action.SKIP_BATCH, Action.HALT]
+    assert set(guard.summary.count) == {Code.STUDENT_DIVERGED}
+    assert guard.halt.codes == (Code.STUDENT_DIVERGED,)
+    assert "learning rate" in seen[0].message and "uniform" not in seen[0].message
+
+
+def test_a_loss_at_the_ceiling_with_a_uniform_teacher_blames_the_teacher(make_guard):
+    guard = make_guard(run=RUN)
+    seen: list[Finding] = []
+    guard.on_finding = seen.append
+    guard.on_teacher_scores(0, topk_logprobs=torch.full((16, 8), -LN_QWEN3_V))
+    guard.on_step_metrics(0, COLLAPSED, before_update=True)
+    ceiling = next(f for f in seen if f.code == Code.LOSS_JSD_CEILING)
+    assert "flagged too: it is the teacher" in ceiling.message
+    assert ceiling.values["teacher_healthy"] is False

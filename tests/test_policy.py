@@ -211,3 +211,23 @@ def test_action_order_and_decision_dict():
         "repaired": False,
     }
     assert Decision(0, Action.SKIP_BATCH).acts and not Decision(0, Action.ALERT).acts
+
+
+def test_critical_findings_at_a_later_stage_count_despite_a_clean_earlier_stage():
+    """Each step: clean teacher scores, then a critical finding at the metrics stage. The clean
+    stage reset the count, so 10 such steps never halted against "halt after 3"."""
+    p = Policy()
+    actions = []
+    for step in range(10):
+        p.decide(step, [])  # the teacher-scores stage of the step: nothing found
+        actions.append(p.decide(step, crit(step, Code.STUDENT_ENTROPY_LIMIT)).action)
+    assert actions[:3] == [Action.SKIP_BATCH, Action.SKIP_BATCH, Action.HALT]
+
+
+def test_a_step_with_no_hit_at_any_stage_ends_the_run():
+    p = Policy()
+    p.decide(0, crit(0))
+    p.decide(1, crit(1))
+    p.decide(2, [])  # a clean step
+    p.decide(2, [])
+    assert p.decide(3, crit(3)).action is Action.REWAKE  # counting starts again

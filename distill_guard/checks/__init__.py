@@ -8,7 +8,9 @@ from dataclasses import dataclass, field, fields
 from distill_guard.checks.base import Check
 from distill_guard.checks.canary import CanaryCheck
 from distill_guard.checks.entropy_drift import EntropyDriftCheck
+from distill_guard.checks.eval_accuracy import EvalAccuracyCheck
 from distill_guard.checks.jsd_ceiling import JSDCeilingCheck
+from distill_guard.checks.loss_shift import LossShiftCheck
 from distill_guard.checks.nonfinite import NonfiniteMetricsCheck
 from distill_guard.checks.reverse_kl import ReverseKLSignatureCheck
 from distill_guard.checks.teacher_collapse import TeacherCollapseCheck
@@ -24,6 +26,8 @@ class ChecksConfig:
     reverse_kl_signature: ReverseKLSignatureCheck = field(default_factory=ReverseKLSignatureCheck)
     entropy_drift: EntropyDriftCheck = field(default_factory=EntropyDriftCheck)
     truncation: TruncationCheck = field(default_factory=TruncationCheck)
+    loss_shift: LossShiftCheck = field(default_factory=LossShiftCheck)
+    eval_accuracy: EvalAccuracyCheck = field(default_factory=EvalAccuracyCheck)
     nonfinite_metrics: NonfiniteMetricsCheck = field(default_factory=NonfiniteMetricsCheck)
     canary: CanaryCheck = field(default_factory=CanaryCheck)
     """Sleep/wake canary; used only when the guard is given a live teacher."""
@@ -46,7 +50,9 @@ __all__ = [
     "default_checks",
     "Check",
     "EntropyDriftCheck",
+    "EvalAccuracyCheck",
     "JSDCeilingCheck",
+    "LossShiftCheck",
     "NonfiniteMetricsCheck",
     "ReverseKLSignatureCheck",
     "TeacherCollapseCheck",

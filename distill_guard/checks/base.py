@@ -31,3 +31,17 @@ class Check:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what ``state_dict`` returned; stateless checks have nothing to restore."""
+
+
+def likely_cause(metrics: StepMetrics, what: str) -> str:
+    """Where to look for a student-side symptom, by what the teacher's own evidence of the same
+    step says: a finding names the teacher only when that evidence supports it."""
+    if metrics.teacher_healthy:
+        return (
+            f"{what} while the teacher's scores of this step were checked and healthy points at "
+            "the student's side: learning rate, loss sign or weighting, data."
+        )
+    return (
+        f"{what} is what a dead teacher causes; check the teacher's logprobs and sample "
+        "responses, and the learning rate."
+    )

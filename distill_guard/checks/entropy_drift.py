@@ -6,21 +6,22 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from distill_guard.checks.base import Check
+from distill_guard.checks.base import Check, likely_cause
+from distill_guard.checks.robust import Episode, Reference, RollingMedian
 from distill_guard.findings import Code, Finding, Severity
 from distill_guard.observations import Metric, RunSpec, StepMetrics
 
 
 @dataclass
 class EntropyDriftCheck(Check):
-    """Two-sided CUSUM on the step-mean student entropy against a frozen warm-up reference,
-    plus hard limits relative to ln V.
+    """The median of the student's last few step entropies against its frozen warm-up level,
+    plus limits relative to ln V.
 
-    The reference (mean, σ) is taken over the first ``warmup_steps`` finite values and then
-    frozen: a running mean would chase the drift it should detect. A rise is a warning (the
-    failed run went 0.41 → 3.56 nats); a fall is only recorded (a student converging on a
-    confident teacher gets sharper). The limits need no warm-up, so a drift from step 0 is still
-    caught.
+    The median makes one step of any size harmless (a 0.41 → 0.9 blip is one value of five); a
+    rise must hold on most of the window. A rise is a warning (a dead teacher took a student
+    from 0.41 to 3.56 nats); a fall is noted once per episode (a student converging on a
+    confident teacher gets sharper). The limits need no warm-up, so a drift from step 0 is
+    still caught.
     """
 
     name: ClassVar[str] = "entropy_drift"
@@ -28,84 +29,87 @@ class EntropyDriftCheck(Check):
     enabled: bool = True
     """Switch the check off without removing it from a preset."""
     warmup_steps: int = 50
-    """Finite observations that form the frozen reference. Fewer make the estimated mean and σ
-    so uncertain that stationary noise alone crosses the threshold (20 steps: about one run in
-    five raised a false drift warning within 1000 steps)."""
-    k: float = 1.0
-    """CUSUM slack per step, in reference σ: deviations smaller than this never accumulate.
-    1σ tunes the detector to shifts of about 2σ and more; the drift of a dead teacher is
-    hundreds of σ, and a smaller slack turns warm-up estimation error into false alarms."""
-    h: float = 8.0
-    """CUSUM decision threshold, in σ. Larger trades detection delay for fewer false alarms."""
-    patience: int = 3
-    """Consecutive steps over the threshold before a finding."""
+    """Finite observations that form the frozen reference (median and MAD-based σ)."""
+    window: int = 5
+    """Steps in the rolling median that is judged; a shift must hold on more than half of them."""
+    threshold_sigma: float = 3.0
+    """The median must leave the reference by this many reference σ ..."""
+    min_change_rel: float = 0.4
+    """... and by at least this fraction of the reference: slow healthy drifts of a few tens of
+    percent over a long run are not a dead teacher, whose student's entropy multiplies."""
+    min_change_abs: float = 0.05
+    """... and by at least this many nats."""
     min_sigma_rel: float = 0.05
-    """Floor on σ as a fraction of the reference mean, so a very steady warm-up is not brittle."""
+    """Floor on σ as a fraction of the reference, so a very steady warm-up is not brittle."""
     min_sigma_abs: float = 0.01
     """Absolute floor on σ, in nats."""
     warn_fraction_of_log_vocab: float = 0.25
-    """Warn when the entropy exceeds this × ln V (needs vocab_size)."""
+    """Warn when the windowed median exceeds this × ln V (needs vocab_size)."""
     critical_fraction_of_log_vocab: float = 0.5
-    """Critical when the entropy exceeds this × ln V: the student is near uniform."""
+    """Critical when the windowed median exceeds this × ln V: the student is near uniform."""
 
     def __post_init__(self) -> None:
-        self._warmup: list[float] = []
-        self._mean: float | None = None
-        self._sigma: float | None = None
-        self._up = 0.0
-        self._down = 0.0
-        self._up_run = 0
-        self._down_run = 0
+        self._reference = Reference(self.warmup_steps, self.min_sigma_rel, self.min_sigma_abs)
+        self._recent = RollingMedian(self.window)
+        self._falling = Episode()
 
     def on_step_metrics(self, metrics: StepMetrics, run: RunSpec) -> list[Finding]:
         h = metrics.get(Metric.STUDENT_ENTROPY)
         if not self.enabled or h is None or not math.isfinite(h):
             return []
-        findings = self._limits(h, metrics.step, run)
-        if self._mean is None:
-            self._warmup.append(h)
-            if len(self._warmup) >= self.warmup_steps:
-                self._freeze()
+        median = self._recent.add(h)
+        ref = self._reference
+        ready = ref.ready  # the value that completes the warm-up is not judged against it
+        ref.add(h)
+        if median is None:
+            return []
+        findings = self._limits(median, metrics, run)
+        if not ready:
             return findings
-        z = (h - self._mean) / self._sigma
-        self._up = max(0.0, self._up + z - self.k)
-        self._down = max(0.0, self._down - z - self.k)
-        self._up_run = self._up_run + 1 if self._up > self.h else 0
-        self._down_run = self._down_run + 1 if self._down > self.h else 0
+        bound = max(
+            self.threshold_sigma * ref.sigma,
+            self.min_change_rel * abs(ref.median),
+            self.min_change_abs,
+        )
         values = {
             "student_entropy": h,
-            "reference_mean": self._mean,
-            "reference_sigma": self._sigma,
-            "threshold_sigma": self.h,
+            "window_median": median,
+            "window": self.window,
+            "reference_median": ref.median,
+            "reference_sigma": ref.sigma,
+            "bound": bound,
         }
-        if self._up_run >= self.patience:
+        rise = median - ref.median
+        if rise >= bound:
             findings.append(
                 Finding(
                     Code.STUDENT_ENTROPY_DRIFT,
                     Severity.WARN,
-                    f"Student entropy {h:.3f} has risen from its warm-up level {self._mean:.3f} "
-                    f"(σ {self._sigma:.3f}): CUSUM {self._up:.1f}σ over threshold {self.h:g}σ for "
-                    f"{self._up_run} steps. A student drifting toward uniform is what a dead "
-                    "teacher causes; check the teacher's logprobs and sample responses.",
+                    f"Student entropy has risen: the median of the last {self.window} steps is "
+                    f"{median:.3f} nats, {rise:.3f} above its warm-up level {ref.median:.3f} "
+                    f"(bound {bound:.3f}: {self.threshold_sigma:g}σ, {self.min_change_rel:.0%} "
+                    f"of the level, or {self.min_change_abs:g} nats, whichever is larger). "
+                    + likely_cause(metrics, "A student drifting toward uniform"),
                     metrics.step,
-                    {**values, "cusum_sigma": self._up, "direction": "up"},
+                    {**values, "direction": "up"},
                 )
             )
-        if self._down_run >= self.patience:
+        if self._falling.update(-rise >= bound):
             findings.append(
                 Finding(
                     Code.STUDENT_ENTROPY_DROP,
                     Severity.INFO,
-                    f"Student entropy {h:.3f} has fallen below its warm-up level {self._mean:.3f} "
-                    f"(CUSUM {self._down:.1f}σ over {self.h:g}σ). Expected while distilling from a "
-                    "confident teacher; worth a look only if accuracy stalls.",
+                    f"Student entropy has fallen: the median of the last {self.window} steps is "
+                    f"{median:.3f} nats, {-rise:.3f} below its warm-up level {ref.median:.3f} "
+                    f"(bound {bound:.3f}). Expected while distilling from a confident teacher; "
+                    "worth a look only if accuracy stalls. Noted once until it recovers.",
                     metrics.step,
-                    {**values, "cusum_sigma": self._down, "direction": "down"},
+                    {**values, "direction": "down"},
                 )
             )
         return findings
 
-    def _limits(self, h: float, step: int, run: RunSpec) -> list[Finding]:
+    def _limits(self, median: float, metrics: StepMetrics, run: RunSpec) -> list[Finding]:
         if run.vocab_size is None:
             return []
         log_v = run.log_vocab
@@ -113,45 +117,35 @@ class EntropyDriftCheck(Check):
             (Severity.CRITICAL, self.critical_fraction_of_log_vocab),
             (Severity.WARN, self.warn_fraction_of_log_vocab),
         ):
-            if h >= frac * log_v:
+            if median >= frac * log_v:
                 return [
                     Finding(
                         Code.STUDENT_ENTROPY_LIMIT,
                         severity,
-                        f"Student entropy {h:.3f} nats is {h / log_v:.0%} of ln V = {log_v:.3f} "
-                        f"(limit {frac:.0%}): the student's outputs are close to uniform noise. "
-                        "Stop trusting its samples; check the teacher and roll back to a "
-                        "checkpoint from before the rise.",
-                        step,
-                        {"student_entropy": h, "log_vocab": log_v, "bound": frac * log_v},
+                        f"Student entropy: the median of the last {self.window} steps is "
+                        f"{median:.3f} nats, {median / log_v:.0%} of ln V = {log_v:.3f} (limit "
+                        f"{frac:.0%}): the student's outputs are close to uniform noise. Stop "
+                        "trusting its samples and roll back to a checkpoint from before the "
+                        "rise. " + likely_cause(metrics, "A student this close to uniform"),
+                        metrics.step,
+                        {
+                            "student_entropy": metrics.get(Metric.STUDENT_ENTROPY),
+                            "window_median": median,
+                            "log_vocab": log_v,
+                            "bound": frac * log_v,
+                        },
                     )
                 ]
         return []
 
-    def _freeze(self) -> None:
-        n = len(self._warmup)
-        mean = sum(self._warmup) / n
-        var = sum((x - mean) ** 2 for x in self._warmup) / max(n - 1, 1)
-        self._mean = mean
-        self._sigma = max(math.sqrt(var), self.min_sigma_rel * abs(mean), self.min_sigma_abs)
-        self._warmup = []
-
     def state_dict(self) -> dict[str, Any]:
         return {
-            "warmup": list(self._warmup),
-            "mean": self._mean,
-            "sigma": self._sigma,
-            "up": self._up,
-            "down": self._down,
-            "up_run": self._up_run,
-            "down_run": self._down_run,
+            "reference": self._reference.state_dict(),
+            "recent": self._recent.state_dict(),
+            "falling": self._falling.active,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._warmup = list(state.get("warmup", []))
-        self._mean = state.get("mean")
-        self._sigma = state.get("sigma")
-        self._up = float(state.get("up", 0.0))
-        self._down = float(state.get("down", 0.0))
-        self._up_run = int(state.get("up_run", 0))
-        self._down_run = int(state.get("down_run", 0))
+        self._reference.load_state_dict(state.get("reference", {}))
+        self._recent.load_state_dict(state.get("recent", {}))
+        self._falling.active = bool(state.get("falling", False))

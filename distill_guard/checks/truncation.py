@@ -6,17 +6,20 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from distill_guard.checks.base import Check
+from distill_guard.checks.base import Check, likely_cause
+from distill_guard.checks.robust import RollingMedian
 from distill_guard.findings import Code, Finding, Severity
 from distill_guard.observations import Metric, RunSpec, StepMetrics
 
 
 @dataclass
 class TruncationCheck(Check):
-    """Warns when the truncated-response ratio stays at or above a limit for ``patience`` steps.
+    """Warns when the median truncated-response ratio of the last ``window`` steps is at or
+    above a limit.
 
     A student pushed toward a uniform teacher loses its EOS probability, so every response runs
-    to the length limit. Truncation alone does not say why, so this only warns.
+    to the length limit. A burst of one or two long batches moves no median of five; truncation
+    alone does not say why, so this only warns.
     """
 
     name: ClassVar[str] = "truncation"
@@ -24,34 +27,40 @@ class TruncationCheck(Check):
     enabled: bool = True
     """Switch the check off without removing it from a preset."""
     max_ratio: float = 0.5
-    """Truncated fraction of responses at or above which a step counts."""
-    patience: int = 3
-    """Consecutive counted steps before warning; a single long batch is not a trend."""
+    """Median truncated fraction of responses at or above which the check warns."""
+    window: int = 5
+    """Steps in the median; more than half of them must be at the limit."""
 
     def __post_init__(self) -> None:
-        self._run = 0
+        self._recent = RollingMedian(self.window)
 
     def on_step_metrics(self, metrics: StepMetrics, run: RunSpec) -> list[Finding]:
         ratio = metrics.get(Metric.TRUNCATED_RATIO)
         if not self.enabled or ratio is None or not math.isfinite(ratio):
             return []
-        self._run = self._run + 1 if ratio >= self.max_ratio else 0
-        if self._run < self.patience:
+        median = self._recent.add(ratio)
+        if median is None or median < self.max_ratio:
             return []
         return [
             Finding(
                 Code.STUDENT_TRUNCATION,
                 Severity.WARN,
-                f"{ratio:.0%} of responses were truncated, at or above {self.max_ratio:.0%} for "
-                f"{self._run} steps (patience {self.patience}): the student is losing its EOS. "
-                "Look at sample responses and the teacher's logprobs before trusting this run.",
+                f"A median {median:.0%} of responses were truncated over the last {self.window} "
+                f"steps (this step {ratio:.0%}; limit {self.max_ratio:.0%}): the student is "
+                "losing its EOS. Look at sample responses before trusting this run. "
+                + likely_cause(metrics, "A student that stops ending its answers"),
                 metrics.step,
-                {"truncated_ratio": ratio, "bound": self.max_ratio, "consecutive_steps": self._run},
+                {
+                    "truncated_ratio": ratio,
+                    "window_median": median,
+                    "window": self.window,
+                    "bound": self.max_ratio,
+                },
             )
         ]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"run": self._run}
+        return {"recent": self._recent.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._run = int(state.get("run", 0))
+        self._recent.load_state_dict(state.get("recent", {}))

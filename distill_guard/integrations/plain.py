@@ -177,15 +177,20 @@ class StepGuard:
         )
         self._losses.append(t)
 
-    def watch(self, module: torch.nn.Module) -> Any:
-        """Observe every forward of ``module`` (the teacher) while :attr:`collecting`.
+    def watch(self, module: torch.nn.Module, *, canary: bool = True) -> Any:
+        """Observe every forward of ``module`` (the teacher) while :attr:`collecting`, and (with
+        ``canary``) check the module itself on the guard's canary before each update: a teacher
+        whose weights turned to noise scores like any teacher, only the canary tells.
 
         The mask is the forward's ``attention_mask`` keyword when given. Returns the hook handle;
         :meth:`unwatch` removes all of them.
         """
+        if canary and self.guard.module_canary is None:
+            self.guard.watch_module_teacher(module)
 
         def hook(_mod: Any, _args: Any, kwargs: dict[str, Any], output: Any) -> None:
-            if not self.collecting:
+            module_canary = self.guard.module_canary
+            if not self.collecting or (module_canary is not None and module_canary.running):
                 return
             logits = _logits_of(output)
             if logits is None:
@@ -232,7 +237,9 @@ class StepGuard:
                 finite = torch.isfinite(losses)
                 # a NaN anywhere in the step poisons the summed gradient: report it as such
                 metrics[Metric.LOSS] = float(losses.mean()) if bool(finite.all()) else math.nan
-            decision = _worst(decision, self.guard.on_step_metrics(step, metrics))
+            decision = _worst(
+                decision, self.guard.on_step_metrics(step, metrics, before_update=True)
+            )
         self.last_decision = decision
         update = not (decision.acts or self.guard.halted)
         if not update:

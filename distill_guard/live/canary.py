@@ -97,6 +97,10 @@ class Canary:
         self._fingerprint = self.measure(teacher, step)
         return self._fingerprint
 
+    def accept(self, measured: CanaryMeasurement) -> None:
+        """Keep a measurement already judged clean as the next reference."""
+        self._fingerprint = measured
+
     def verify(self, teacher: Teacher, step: int | None = None) -> list[Finding]:
         """Score the canary after wake and judge it; empty when the teacher is as it was.
 

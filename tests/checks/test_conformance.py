@@ -23,7 +23,9 @@ import distill_guard.checks as checks_pkg
 from distill_guard.checks import (
     Check,
     EntropyDriftCheck,
+    EvalAccuracyCheck,
     JSDCeilingCheck,
+    LossShiftCheck,
     NonfiniteMetricsCheck,
     ReverseKLSignatureCheck,
     TeacherCollapseCheck,
@@ -79,6 +81,15 @@ PROVOCATIONS: dict[type, Provocation] = {
     TruncationCheck: lambda: (
         RunSpec(),
         [StepMetrics(i, {"truncated_ratio": 0.97}) for i in range(6)],
+    ),
+    LossShiftCheck: lambda: (
+        RunSpec(loss=LossKind.FORWARD_KL),
+        [StepMetrics(i, {"loss": 0.05 + 0.001 * (i % 3)}) for i in range(60)]
+        + [StepMetrics(60 + i, {"loss": 3.0}) for i in range(5)],
+    ),
+    EvalAccuracyCheck: lambda: (
+        RunSpec(),
+        [StepMetrics(i, {"eval_accuracy": a}) for i, a in enumerate([0.4, 0.42, 0.41, 0.0, 0.0])],
     ),
     NonfiniteMetricsCheck: lambda: (
         RunSpec(),

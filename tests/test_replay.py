@@ -1,0 +1,109 @@
+"""ReplayResult: the first action and the halt told apart, the run facts kept, the notices."""
+
+from __future__ import annotations
+
+import pytest
+
+from distill_guard.findings import Code, Finding, Severity
+from distill_guard.history import History, load_history
+from distill_guard.observations import LossKind, Metric, RunSpec
+from distill_guard.policy import Action, Decision
+from distill_guard.replay import FirstAction, ReplayResult, acting, format_table, replay
+from distill_guard.testing.histories import healthy_history
+from tests.conftest import QWEN3_V, write_jsonl
+
+
+def history(teacher: bool = True) -> History:
+    keys = {Metric.LOSS: "train/loss"}
+    if teacher:
+        keys[Metric.TEACHER_LOGPROB] = "rollout/teacher_log_probs"
+    return History("run.jsonl", [(0, {Metric.LOSS: 0.02})], keys, [])
+
+
+def result_with(*decisions: Decision) -> ReplayResult:
+    return ReplayResult(history(), "default", decisions=list(decisions))
+
+
+@pytest.mark.parametrize(
+    "decision, expected",
+    [
+        (Decision(1, Action.ALERT), None),
+        (Decision(1, Action.SKIP_BATCH), Action.SKIP_BATCH),
+        (Decision(1, Action.REWAKE), Action.REWAKE),
+        (Decision(1, Action.ALERT, intended=Action.HALT), Action.HALT),  # monitor-only
+        (Decision(1, Action.ALERT, intended=Action.REWAKE), Action.REWAKE),
+    ],
+)
+def test_acting_is_the_course_change_done_or_intended(decision, expected):
+    assert acting(decision) is expected
+
+
+def test_first_action_is_the_first_course_change_and_halt_only_a_halt():
+    result = result_with(
+        Decision(3, Action.ALERT),
+        Decision(5, Action.SKIP_BATCH),
+        Decision(7, Action.REWAKE),
+        Decision(9, Action.HALT, message="halt: critical findings on 3 consecutive steps"),
+        Decision(10, Action.HALT),
+    )
+    assert result.first_action == FirstAction(5, "skip_batch") == (5, "skip_batch")
+    assert result.halt_step == 9
+    assert result.to_json()["first_action"] == {"step": 5, "action": "skip_batch"}
+    assert result.to_json()["halt_step"] == 9
+
+
+def test_an_alert_only_run_has_neither():
+    result = result_with(Decision(3, Action.ALERT), Decision(4, Action.ALERT))
+    assert result.first_action is None and result.halt_step is None
+    assert result.to_json()["first_action"] is None and result.to_json()["halt_step"] is None
+
+
+def test_a_monitor_only_halt_counts_as_the_halt():
+    result = result_with(
+        Decision(2, Action.ALERT, intended=Action.REWAKE),
+        Decision(4, Action.ALERT, intended=Action.HALT),
+    )
+    assert result.first_action == (2, "rewake") and result.halt_step == 4
+
+
+def test_replay_keeps_the_run_facts_it_judged_with(tmp_path):
+    path = write_jsonl(healthy_history(10, spike_step=None), tmp_path / "h.jsonl")
+    result = replay(
+        load_history(path),
+        "default",
+        [f"run.vocab_size={QWEN3_V}", "run.beta=0.3", "run.loss_scale=2.0"],
+    )
+    assert result.run.vocab_size == QWEN3_V and result.run.loss is LossKind.JSD
+    assert result.run.beta == 0.3 and result.run.loss_scale == 2.0
+    assert replay(load_history(path)).run.vocab_size is None
+
+
+def test_notice_only_for_a_teacher_column_without_vocab_size():
+    assert ReplayResult(history(teacher=False), "default").notices == []
+    result = ReplayResult(history(), "default")
+    [notice] = result.notices
+    assert notice.startswith(
+        "the teacher logprob column 'rollout/teacher_log_probs' is present but the vocabulary "
+        "size is unknown: the uniform-teacher test (−ln V) ran only by inference from a flat "
+        "column"
+    )
+    assert notice.endswith("; pass --vocab-size V to make it exact.")
+    assert result.to_json()["notices"] == [notice]
+    assert f"NOTICE: {notice}" in format_table(result)
+    result.run = RunSpec(vocab_size=QWEN3_V)
+    assert result.notices == [] and "NOTICE" not in format_table(result)
+
+
+def test_notice_names_the_inferred_vocab_size():
+    result = ReplayResult(history(), "default")
+    result.findings.append(
+        Finding(
+            Code.TEACHER_UNIFORM,
+            Severity.CRITICAL,
+            "flat at −ln V",
+            1,
+            {"inferred_vocab_size": QWEN3_V},
+        )
+    )
+    assert result.inferred_vocab_size == QWEN3_V
+    assert f"(it inferred V = {QWEN3_V})" in result.notices[0]
