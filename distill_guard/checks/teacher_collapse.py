@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -43,6 +44,16 @@ class TeacherCollapseCheck(Check):
     """Sampled-token input: flag when at least this fraction of tokens sits at −ln V."""
     mean_atol: float = 1e-3
     """Scalar metric (``teacher_logprob``, a batch mean): flag when within this of −ln V."""
+    flat_steps: int = 3
+    """Without V: flag a ``teacher_logprob`` metric pinned (within ``mean_atol``) for this many
+    steps at −ln V of some V ≥ ``min_inferred_vocab``, and name that V. A healthy teacher's batch
+    mean moves from step to step; a uniform one sits on −ln V to the last digit."""
+    min_inferred_vocab: int = 256
+    """Smallest V a pinned level may be read as (−ln 256 = −5.55): every real vocabulary is
+    larger, and a healthy batch mean is far above."""
+
+    def __post_init__(self) -> None:
+        self._recent_means: deque[float] = deque(maxlen=self.flat_steps)
 
     def on_teacher_scores(self, scores: TeacherScores, run: RunSpec) -> list[Finding]:
         if not self.enabled:
@@ -56,8 +67,10 @@ class TeacherCollapseCheck(Check):
 
     def on_step_metrics(self, metrics: StepMetrics, run: RunSpec) -> list[Finding]:
         mean = metrics.get(Metric.TEACHER_LOGPROB)
-        if not self.enabled or mean is None or run.vocab_size is None or not math.isfinite(mean):
+        if not self.enabled or mean is None or not math.isfinite(mean):
             return []
+        if run.vocab_size is None:
+            return self._pinned(mean, metrics.step)
         target = uniform_logprob(run.vocab_size)
         if abs(mean - target) > self.mean_atol:
             return []
@@ -76,6 +89,42 @@ class TeacherCollapseCheck(Check):
                 },
             )
         ]
+
+    def _pinned(self, mean: float, step: int) -> list[Finding]:
+        """V unknown: a mean pinned at −ln V for ``flat_steps`` steps betrays both."""
+        recent = self._recent_means
+        recent.append(mean)
+        if len(recent) < self.flat_steps or max(recent) - min(recent) > self.mean_atol:
+            return []
+        level = sum(recent) / len(recent)
+        guessed = infer_uniform_vocab_size(level)
+        if guessed < self.min_inferred_vocab:
+            return []
+        return [
+            Finding(
+                Code.TEACHER_UNIFORM,
+                Severity.CRITICAL,
+                f"Mean teacher logprob has sat at {level:.5f} = −ln {guessed} for "
+                f"{self.flat_steps} steps (spread ≤ {self.mean_atol:g}): a uniform teacher over "
+                f"a vocabulary of about {guessed}. Set vocab_size (replay: --vocab-size) to make "
+                f"this test exact. {FIX}",
+                step,
+                {
+                    "teacher_logprob_mean": mean,
+                    "flat_level": level,
+                    "inferred_vocab_size": guessed,
+                    "flat_steps": self.flat_steps,
+                },
+            )
+        ]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"recent_means": list(self._recent_means)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._recent_means = deque(
+            (float(x) for x in state.get("recent_means", [])), maxlen=self.flat_steps
+        )
 
     def _judge(
         self, x: torch.Tensor, scores: TeacherScores, run: RunSpec, *, topk: bool

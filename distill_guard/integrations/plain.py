@@ -5,7 +5,7 @@ decides, adapters translate). It collects the teacher's top-k logprobs of every 
 the guard once per optimizer step whether to take the step, and feeds the step's metrics after
 it::
 
-    sg = StepGuard("default", ["events_path=guard.jsonl"])
+    sg = StepGuard("default", ["events_path=guard.jsonl"], teacher=teacher)
     for step, batch in enumerate(loader):
         with torch.no_grad():
             t_logits = teacher(**batch).logits
@@ -77,6 +77,9 @@ class StepGuard:
         chunk_rows: rows per float32 chunk when reducing full logits.
         learn_vocab_size: when the guard's ``run.vocab_size`` is unset, take it from the logits'
             width (exact for in-process teachers: the width is the distribution's support).
+        teacher: the in-process teacher module, checked on the guard's canary before each
+            update (one short forward): weights turned to noise score like any teacher, only a
+            comparison with its own earlier output tells. :meth:`watch` does the same.
         collecting: whether :meth:`watch` hooks record from the start.
         metric_names: ``{role: framework metric name}`` for :meth:`after_logs`.
     """
@@ -91,8 +94,11 @@ class StepGuard:
         learn_vocab_size: bool = True,
         collecting: bool = True,
         metric_names: Mapping[str, str] | None = None,
+        teacher: torch.nn.Module | None = None,
     ) -> None:
         self.guard = build_guard(guard, overrides)
+        if teacher is not None:
+            self.guard.watch_module_teacher(teacher)
         self.top_k = top_k
         self.chunk_rows = chunk_rows
         self.learn_vocab_size = learn_vocab_size

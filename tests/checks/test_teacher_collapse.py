@@ -201,3 +201,22 @@ def test_tolerance_is_configurable():
     assert codes(TeacherCollapseCheck(atol=0.01).on_teacher_scores(scores(topk=x), KNOWN)) == [
         Code.TEACHER_UNIFORM
     ]
+
+
+def test_a_mean_pinned_at_minus_ln_v_betrays_v_when_it_is_not_configured():
+    """Replay without --vocab-size of a column pinned at −ln 151936 raised nothing before."""
+    check = TeacherCollapseCheck()
+    pinned = [StepMetrics(s, {"teacher_logprob": -LN_QWEN3_V}) for s in range(80)]
+    out = [check.on_step_metrics(m, RunSpec()) for m in pinned]
+    assert not any(out[:2])  # one or two steps are not yet a pinned level
+    f = out[2][0]
+    assert f.code == Code.TEACHER_UNIFORM and f.severity is Severity.CRITICAL
+    assert f.values["inferred_vocab_size"] == QWEN3_V and "−ln 151936" in f.message
+    assert all(out[2:])
+
+
+def test_a_healthy_or_steady_high_mean_is_never_read_as_pinned():
+    check = TeacherCollapseCheck()
+    steady = [StepMetrics(s, {"teacher_logprob": -0.35}) for s in range(50)]  # V = 1: no
+    noisy = [StepMetrics(s, {"teacher_logprob": -6.0 - 0.01 * (s % 3)}) for s in range(50)]
+    assert not any(check.on_step_metrics(m, RunSpec()) for m in steady + noisy)

@@ -15,6 +15,7 @@ from distill_guard.integrations.lightning import DistillGuardCallback  # noqa: E
 from ._tiny import (  # noqa: E402
     VOCAB,
     events,
+    garble,
     jsd,
     kill,
     loud,
@@ -53,16 +54,16 @@ class Distill(pl.LightningModule):
 
 
 class Killer(pl.Callback):
-    def __init__(self, at):
-        self.at, self.before = at, None
+    def __init__(self, at, poison=kill):
+        self.at, self.before, self.poison = at, None, poison
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if self.at is not None and trainer.global_step == self.at and self.before is None:
             self.before = params(pl_module.student)
-            kill(pl_module.teacher)
+            self.poison(pl_module.teacher)
 
 
-def fit(tmp_path, *, collapse_at=None, overrides=()):
+def fit(tmp_path, *, collapse_at=None, overrides=(), poison=kill):
     teacher = tiny_qwen3(seed=0)
     module = Distill(teacher, student_of(teacher))
     start = params(module.student)
@@ -76,7 +77,7 @@ def fit(tmp_path, *, collapse_at=None, overrides=()):
             *overrides,
         ],
     )
-    killer = Killer(collapse_at)
+    killer = Killer(collapse_at, poison)
     trainer = pl.Trainer(
         max_steps=MAX_STEPS,
         accelerator="cpu",
@@ -107,6 +108,15 @@ def test_uniform_teacher_mid_run_is_caught_before_the_update_then_halts(tmp_path
     halt = [e for e in log if e["kind"] == "halt"]
     assert len(halt) == 1 and "teacher.uniform" in halt[0]["message"]
     assert any(e["kind"] == "checkpoint" and e["path"] == str(ckpt) for e in log)
+
+
+def test_garbage_teacher_mid_run_is_caught_by_the_canary_before_the_update(tmp_path):
+    """Noise at each weight's own scale: not uniform, so only the canary on the watched teacher
+    module tells. No update is taken on it."""
+    trainer, module, cb, killer, _, _ = fit(tmp_path, collapse_at=COLLAPSE_AT, poison=garble)
+    assert same(killer.before, params(module.student))
+    assert cb.guard.summary.first == {"teacher.fingerprint_mismatch": COLLAPSE_AT}
+    assert cb.guard.halt.step == COLLAPSE_AT + 2
 
 
 def test_halt_policy_stops_at_the_first_poisoned_step(tmp_path):

@@ -12,7 +12,19 @@ from distill_guard.integrations.plain import StepGuard
 from distill_guard.observations import Metric
 from distill_guard.signals import teacher_logprobs_from_logits
 
-from ._tiny import VOCAB, events, jsd, kill, params, same, student_of, tiny_qwen3, token_rows
+from ._tiny import (
+    VOCAB,
+    UpdateLedger,
+    events,
+    garble,
+    jsd,
+    kill,
+    params,
+    same,
+    student_of,
+    tiny_qwen3,
+    token_rows,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,7 +54,7 @@ def test_readme_snippet_runs_and_halts_on_a_dead_teacher(tmp_path, monkeypatch):
             self.inner, self.calls = teacher, 0
 
         def forward(self, **kw):
-            self.calls += 1
+            self.calls += kw["input_ids"].shape[0] == 4  # a batch, not the guard's canary
             if self.calls == 4:
                 kill(teacher)
             return self.inner(**kw)
@@ -144,3 +156,49 @@ def test_healthy_loop_is_untouched():
         assert sg.after_update(step, {"loss": loss.item()}).action.value == "continue"
     assert not same(before, params(student)) and sg.guard.summary.count == {}
     assert sg.guard.run.vocab_size == VOCAB
+
+
+def plain_run(tmp_path, poison=None, at=6, steps=12, lr=1e-3):
+    """The README loop with a ledger of which updates changed the student."""
+    teacher = tiny_qwen3()
+    student = student_of(teacher)
+    rows = token_rows(4 * steps)
+    batches = [
+        {k: torch.tensor([r[k] for r in rows[i : i + 4]]) for k in rows[0]}
+        for i in range(0, 4 * steps, 4)
+    ]
+    ledger = UpdateLedger(student, teacher, at=at if poison else None, poison=poison)
+    sg = StepGuard("default", [f"events_path={tmp_path / 'guard.jsonl'}"], teacher=teacher)
+    optimizer = torch.optim.AdamW(student.parameters(), lr=lr)
+    for step, batch in enumerate(batches):
+        ledger.begin(step)
+        with torch.no_grad():
+            t_logits = teacher(**batch).logits
+        sg.observe_teacher_logits(t_logits, mask=batch["attention_mask"])
+        loss = jsd(student(**batch).logits, t_logits, batch["attention_mask"])
+        loss.backward()
+        applied = sg.optimizer_step(optimizer, step)
+        ledger.end(not applied)
+        sg.after_update(step, {"loss": loss.item()})
+        if sg.halted:
+            break
+    sg.guard.close()
+    return sg, ledger
+
+
+@pytest.mark.parametrize("poison", [kill, garble], ids=["zeroed", "garbage"])
+def test_a_teacher_whose_weights_turn_bad_mid_run_trains_nothing(tmp_path, poison):
+    """Garbage weights (noise at each tensor's own scale) look like a teacher: not uniform,
+    finite, peaked. The canary on the teacher module catches them before the update."""
+    sg, ledger = plain_run(tmp_path, poison=poison)
+    assert ledger.poisoned == []
+    assert all(ledger.changed[s] for s in range(6))  # healthy steps trained
+    assert sg.halted  # skip, skip, halt: nothing can reload an in-process module
+    first = min(sg.guard.summary.first.values())
+    assert first == 6
+
+
+def test_a_healthy_plain_run_with_the_canary_says_nothing(tmp_path):
+    sg, ledger = plain_run(tmp_path)
+    assert sg.guard.summary.count == {} and not sg.halted
+    assert all(ledger.changed.values())
