@@ -72,3 +72,98 @@ def loud(records: list[logging.LogRecord]) -> list[str]:
         for r in records
         if r.name.startswith("distill_guard") and r.levelno >= logging.WARNING
     ]
+
+
+def garble(teacher: torch.nn.Module, seed: int = 0) -> None:
+    """Weights that are not the teacher's: every parameter replaced by Gaussian noise with that
+    tensor's own mean and std. Statistically a teacher (still peaked, not uniform, finite), so
+    only a comparison with the teacher's earlier outputs can tell."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in teacher.parameters():  # tied weights are one parameter: garbled once
+            x = p.detach().float()
+            std = float(x.std(correction=0)) if x.numel() > 1 else 0.0
+            noise = torch.randn(p.shape, generator=g) * std + float(x.mean())
+            p.copy_(noise.to(p.dtype))
+
+
+CHAT_SPECIALS = ("<pad>", "<|im_start|>", "<|im_end|>", "user", "assistant")
+"""The tiny chat tokenizer's first ids; every other id is a word ``w<i>``."""
+
+
+def tiny_tokenizer(vocab: int = VOCAB):
+    """A word-level fast tokenizer over exactly ``vocab`` ids with a ChatML-like template, built
+    offline (no download): ``<pad>`` pads, ``<|im_end|>`` ends a turn and is the EOS, as in Qwen."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = [*CHAT_SPECIALS, *(f"w{i}" for i in range(vocab - len(CHAT_SPECIALS)))]
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<pad>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", eos_token="<|im_end|>", model_max_length=128
+    )
+    tok.chat_template = (
+        "{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> "
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|> assistant {% endif %}"
+    )
+    return tok
+
+
+def chat_rows(
+    n: int = 64, prompt_len: int = 6, completion_len: int = 6, vocab: int = VOCAB, seed: int = 0
+) -> list[dict]:
+    """Conversations of random words for the tiny tokenizer: a user turn, an assistant turn.
+
+    The assistant turn is ``completion_len`` words and ``<|im_end|>``: ``completion_len + 1``
+    completion tokens."""
+    g = torch.Generator().manual_seed(seed)
+    lo = len(CHAT_SPECIALS)
+    ids = torch.randint(lo, vocab, (n, prompt_len + completion_len), generator=g)
+
+    def text(row: torch.Tensor) -> str:
+        return " ".join(f"w{int(i) - lo}" for i in row)
+
+    return [
+        {
+            "messages": [
+                {"role": "user", "content": text(r[:prompt_len])},
+                {"role": "assistant", "content": text(r[prompt_len:])},
+            ]
+        }
+        for r in ids
+    ]
+
+
+class UpdateLedger:
+    """Which optimizer steps changed the student, and which of those trained on a bad teacher.
+
+    ``begin(step)`` at the start of each optimizer step (poisons the teacher at step ``at``, then
+    snapshots the student), ``end(skipped)`` after the optimizer. A *poisoned update* is a step
+    ``>= at`` (the teacher stays bad from ``at`` on) after which the student's parameters differ
+    from the snapshot: an update taken on the bad teacher's scores."""
+
+    def __init__(self, student: torch.nn.Module, teacher: torch.nn.Module, at=None, poison=None):
+        self.student, self.teacher, self.at, self.poison = student, teacher, at, poison
+        self.changed: dict[int, bool] = {}
+        self.skipped: dict[int, bool] = {}
+        self._step: int | None = None
+        self._before: dict[str, torch.Tensor] = {}
+
+    def begin(self, step: int) -> None:
+        if self.at is not None and step == self.at and self.poison is not None:
+            self.poison(self.teacher)
+        self._step, self._before = step, params(self.student)
+
+    def end(self, skipped: bool) -> None:
+        assert self._step is not None, "end() without begin()"
+        self.changed[self._step] = not same(self._before, params(self.student))
+        self.skipped[self._step] = skipped
+        self._step = None
+
+    @property
+    def poisoned(self) -> list[int]:
+        """Steps whose update changed the student while the teacher was bad."""
+        if self.at is None:
+            return []
+        return [s for s, c in sorted(self.changed.items()) if s >= self.at and c]

@@ -1,0 +1,287 @@
+"""TRL's real GKDTrainer with the guard attached as docs/integrations.md shows it.
+
+``class GuardedGKDTrainer(GuardedDistillationMixin, GKDTrainer)`` and
+``callbacks=[DistillGuardCallback("default", ...)]``, on CPU: a tiny Qwen3 teacher, a student
+near it, a word-level tokenizer built offline, 12 optimizer steps (well under a second of
+training each). TRL 1.16 keeps GKD in ``trl.experimental.gkd`` (``from trl import GKDTrainer``
+fails there).
+
+GKD settings: ``lmbda=1.0`` (every step trains on the student's own samples, generated with
+``max_new_tokens`` from the prompt: on-policy distillation), ``beta=0.5`` (the JSD ceiling is
+ln 2), ``seq_kd=False``. TRL divides the on-policy JSD sum by ``num_items_in_batch``, which the
+Trainer counts on the *dataset's* labels before ``training_step`` swaps in the generated ones; so
+``max_new_tokens`` equals the dataset's completion length (6 words and ``<|im_end|>``) and the
+logged loss is the per-token JSD the ceiling check assumes.
+
+A *poisoned update* is an optimizer step at or after the teacher went bad (step ``POISON_AT``;
+it stays bad) after which the student's parameters differ from their snapshot at
+``on_step_begin``: an update taken on the bad teacher's scores (:class:`_tiny.UpdateLedger`).
+
+The garbage and divergence scenarios also run on the stand-in ``TinyGKDTrainer`` of
+test_transformers.py (a plain ``transformers.Trainer``), which needs no TRL.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+
+from distill_guard.integrations.transformers import (  # noqa: E402
+    GUARD_STATE_FILE,
+    DistillGuardCallback,
+    GuardedDistillationMixin,
+)
+
+from ._tiny import (  # noqa: E402
+    VOCAB,
+    UpdateLedger,
+    chat_rows,
+    events,
+    garble,
+    kill,
+    loud,
+    student_of,
+    tiny_qwen3,
+    tiny_tokenizer,
+    token_rows,
+)
+from .test_transformers import GuardedTinyGKDTrainer  # noqa: E402
+
+MAX_STEPS = 12
+POISON_AT = 4
+HEALTHY_LR = 1e-3
+DIVERGENT_LR = 1e2
+"""Far too high: the student's outputs saturate after one update, and the JSD sits at ln 2."""
+COMPLETION_WORDS = 6
+MAX_NEW_TOKENS = COMPLETION_WORDS + 1  # the dataset's completion tokens: words and <|im_end|>
+RESPONSE_STEPS = 5
+"""How long the guard may answer a diverging student with skipped updates before it halts."""
+
+
+@functools.cache
+def _guarded_gkd_trainer() -> type:
+    gkd = pytest.importorskip("trl.experimental.gkd")
+
+    class GuardedGKDTrainer(GuardedDistillationMixin, gkd.GKDTrainer):
+        pass
+
+    return GuardedGKDTrainer
+
+
+class Ledger(transformers.TrainerCallback):
+    """Drives an :class:`UpdateLedger` from the Trainer's step events; listed before the guard's
+    callback, so the teacher goes bad before anything of that step runs."""
+
+    def __init__(self, ledger: UpdateLedger, guard: DistillGuardCallback):
+        self.ledger, self.guard = ledger, guard
+        self._skips = 0
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.ledger.begin(state.global_step)
+        self._skips = self.guard.step_guard.skipped_updates
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.ledger.end(self.guard.step_guard.skipped_updates > self._skips)
+
+
+@dataclass
+class Run:
+    trainer: Any
+    callback: DistillGuardCallback
+    ledger: UpdateLedger
+    events_path: Path
+    out: Path
+
+    @property
+    def log(self) -> list[dict]:
+        return events(self.events_path)
+
+    @property
+    def findings(self) -> list[dict]:
+        return [e for e in self.log if e["kind"] == "finding"]
+
+    @property
+    def losses(self) -> list[float]:
+        return [h["loss"] for h in self.trainer.state.log_history if "loss" in h]
+
+    def story(self) -> str:
+        """Per step: the finding codes, whether the update was skipped, whether it moved the
+        student; for assertion messages."""
+        lines = []
+        for step in sorted(self.ledger.changed):
+            codes = sorted(
+                {f"{f['code']}({f['severity']})" for f in self.findings if f["step"] == step}
+            )
+            lines.append(
+                f"step {step}: skipped={self.ledger.skipped[step]} "
+                f"moved={self.ledger.changed[step]} {codes}"
+            )
+        halt = self.callback.guard.halt
+        lines.append(f"halt: {halt.to_dict() if halt else None}")
+        return "\n".join(lines)
+
+
+def run(tmp_path, flavour="trl", *, poison=None, at=POISON_AT, lr=HEALTHY_LR, lmbda=1.0) -> Run:
+    """Train the tiny student for ``MAX_STEPS`` with the guard; ``poison(teacher)`` at step ``at``."""
+    teacher = tiny_qwen3(seed=0)
+    student = student_of(teacher)
+    ev = tmp_path / "events.jsonl"
+    callback = DistillGuardCallback(
+        "default",
+        guard_overrides=[f"events_path={ev}", f"run.vocab_size={VOCAB}", "alerts.use_wandb=false"],
+    )
+    ledger = UpdateLedger(student, teacher, at=at if poison else None, poison=poison)
+    callbacks = [Ledger(ledger, callback), callback]
+    common = dict(
+        output_dir=str(tmp_path / "out"),
+        max_steps=MAX_STEPS,
+        per_device_train_batch_size=4,
+        learning_rate=lr,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
+    )
+    if flavour == "trl":
+        from datasets import Dataset
+        from trl.experimental.gkd import GKDConfig
+
+        args = GKDConfig(
+            **common,
+            bf16=False,  # TRL's default is bf16 autocast, on CPU too
+            gradient_checkpointing=False,  # TRL's default is on
+            lmbda=lmbda,
+            beta=0.5,
+            temperature=0.9,
+            max_new_tokens=MAX_NEW_TOKENS,
+            max_length=64,
+        )
+        trainer = _guarded_gkd_trainer()(
+            model=student,
+            teacher_model=teacher,
+            args=args,
+            train_dataset=Dataset.from_list(chat_rows(completion_len=COMPLETION_WORDS)),
+            processing_class=tiny_tokenizer(),
+            callbacks=callbacks,
+        )
+        assert trainer.teacher_model is teacher  # accelerate on CPU hands the module back
+    else:
+        args = transformers.TrainingArguments(**common, remove_unused_columns=False)
+        trainer = GuardedTinyGKDTrainer(
+            model=student,
+            args=args,
+            train_dataset=token_rows(),
+            teacher_model=teacher,
+            callbacks=callbacks,
+        )
+    trainer.train()
+    return Run(trainer, callback, ledger, ev, tmp_path / "out")
+
+
+@pytest.fixture(autouse=True)
+def _quiet_trl(monkeypatch):
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+
+
+@pytest.fixture(params=["trl", "stand_in"])
+def flavour(request):
+    if request.param == "trl":
+        pytest.importorskip("trl.experimental.gkd")
+    return request.param
+
+
+def _garbage(teacher):
+    garble(teacher, seed=7)
+
+
+# ---------------------------------------------------------------------- TRL's GKDTrainer
+
+
+def test_healthy_teacher_every_update_applied_and_quiet(tmp_path, caplog):
+    pytest.importorskip("trl.experimental.gkd")
+    caplog.set_level("INFO", logger="distill_guard")
+    r = run(tmp_path)
+    assert r.trainer.state.global_step == MAX_STEPS
+    assert not r.callback.guard.halted and r.callback.step_guard.skipped_updates == 0
+    assert r.ledger.changed == dict.fromkeys(range(MAX_STEPS), True), r.story()
+    assert [e for e in r.log if e.get("severity") in ("warn", "critical")] == [], r.story()
+    assert loud(caplog.records) == []
+    assert not (r.out / f"checkpoint-{MAX_STEPS}").exists()
+    # the guard did look: the teacher's forwards were watched, the losses were real JSDs
+    assert r.callback.step_guard.watching
+    assert len(r.losses) == MAX_STEPS and max(r.losses) < 0.3 * math.log(2)
+
+
+def test_zeroed_teacher_mid_run_takes_no_update_then_halts(tmp_path):
+    pytest.importorskip("trl.experimental.gkd")
+    r = run(tmp_path, poison=kill)
+    assert r.ledger.poisoned == [], r.story()
+    first = [f for f in r.findings if f["code"] == "teacher.uniform"]
+    assert first and first[0]["step"] == POISON_AT and first[0]["severity"] == "critical"
+    assert not [f for f in r.findings if f["step"] < POISON_AT], r.story()
+    # default policy: no teacher to reload, so skip; 3 consecutive critical steps halt
+    halt_step = POISON_AT + 2
+    assert r.callback.guard.halted and r.callback.guard.halt.step == halt_step, r.story()
+    assert r.trainer.state.global_step == halt_step + 1 < MAX_STEPS
+    ckpt = r.out / f"checkpoint-{halt_step + 1}"
+    assert (ckpt / "trainer_state.json").exists() and (ckpt / GUARD_STATE_FILE).exists()
+
+
+# ---------------------------------------------------------------------- both trainers
+
+
+def test_garbage_teacher_mid_run_takes_no_update(tmp_path, flavour):
+    """Garbage weights (each tensor's mean and std kept) are peaked and finite: the teacher's
+    statistics look healthy, so only comparing the teacher with its own earlier outputs (a canary
+    forwarded on a fixed sequence each optimizer step) can catch it."""
+    r = run(tmp_path, flavour, poison=_garbage)
+    assert r.ledger.poisoned == [], (
+        f"{len(r.ledger.poisoned)} poisoned update(s) at steps {r.ledger.poisoned}\n{r.story()}"
+    )
+    teacher = [f for f in r.findings if f["code"].startswith("teacher.")]
+    assert teacher and teacher[0]["step"] == POISON_AT, r.story()
+    assert not [f for f in r.findings if f["step"] < POISON_AT], r.story()
+
+
+def test_diverging_student_is_not_blamed_on_the_teacher(tmp_path, flavour):
+    """A learning rate far too high, a healthy teacher: the JSD sits at its ln 2 ceiling from
+    the second step on. The step's teacher scores were checked healthy, so the ceiling is the
+    student's doing: a ``student.diverged`` finding skips that update, and 3 consecutive critical
+    steps halt with a checkpoint; no teacher reload is asked for and the run never goes on
+    skipping updates for ever.
+
+    The TRL run is off-policy here (``lmbda=0``): a saturated tiny student samples one token over
+    and over, and the tiny teacher (tied embeddings) also predicts the token it just read, so on
+    its own samples the two agree and the JSD stays far from the ceiling."""
+    r = run(tmp_path, flavour, lr=DIVERGENT_LR, lmbda=0.0)
+    ceiling = 0.95 * math.log(2)
+    assert sum(loss >= ceiling for loss in r.losses) >= 2, r.losses  # the scenario holds
+    blamed = [f for f in r.findings if f["code"].startswith("teacher.")]
+    assert blamed == [], r.story()
+    rewakes = [
+        e
+        for e in r.log
+        if e["kind"] == "decision"
+        and "rewake" in (e.get("action"), e.get("intended"))
+        and "loss.jsd_ceiling" in e.get("codes", [])
+    ]
+    assert rewakes == [], f"{len(rewakes)} teacher rewake(s) for the ceiling\n{r.story()}"
+    critical = [f for f in r.findings if f["severity"] == "critical"]
+    assert [f for f in critical if f["code"] == "student.diverged"], r.story()
+    first = min(f["step"] for f in critical)
+    skipped = [s for s, skip in sorted(r.ledger.skipped.items()) if skip]
+    assert all(s - first <= RESPONSE_STEPS for s in skipped), r.story()
+    halt = r.callback.guard.halt
+    if halt is not None:
+        assert halt.step - first <= RESPONSE_STEPS, r.story()
+        ckpt = r.out / f"checkpoint-{halt.step + 1}"
+        assert (ckpt / GUARD_STATE_FILE).exists(), r.story()
