@@ -40,6 +40,7 @@ class Code:
 
     TEACHER_UNIFORM = "teacher.uniform"
     TEACHER_NONFINITE = "teacher.nonfinite"
+    TEACHER_NEAR_UNIFORM = "teacher.near_uniform"
     TEACHER_FINGERPRINT_MISMATCH = "teacher.fingerprint_mismatch"
     TEACHER_UNREACHABLE = "teacher.unreachable"
     TEACHER_REPAIRED = "teacher.repaired"
@@ -67,6 +68,7 @@ class Code:
 TEACHER_FAULTS = frozenset(
     {
         Code.TEACHER_UNIFORM,
+        Code.TEACHER_NEAR_UNIFORM,
         Code.TEACHER_NONFINITE,
         Code.TEACHER_FINGERPRINT_MISMATCH,
         Code.TEACHER_REPAIR_FAILED,

@@ -31,6 +31,7 @@ class Action(str, Enum):
 TEACHER_ATTRIBUTED = frozenset(
     {
         Code.TEACHER_UNIFORM,
+        Code.TEACHER_NEAR_UNIFORM,
         Code.TEACHER_NONFINITE,
         Code.TEACHER_FINGERPRINT_MISMATCH,
         Code.LOSS_JSD_CEILING,

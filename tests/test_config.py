@@ -70,10 +70,10 @@ def test_presets_differ_where_they_say_they_do():
     assert not default.policy.monitor_only and monitor.policy.monitor_only
     assert strict.policy.halt_after_critical_steps < default.policy.halt_after_critical_steps
     assert strict.policy.warn_patience is not None and default.policy.warn_patience is None
-    drift = {
-        g: next(c for c in g.checks if isinstance(c, EntropyDriftCheck)) for g in (default, strict)
+    truncation = {
+        g: next(c for c in g.checks if isinstance(c, TruncationCheck)) for g in (default, strict)
     }
-    assert drift[strict].min_change_rel < drift[default].min_change_rel
+    assert truncation[strict].max_ratio < truncation[default].max_ratio
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -34,9 +35,16 @@ class EntropyDriftCheck(Check):
     """Steps in the rolling median that is judged; a shift must hold on more than half of them."""
     threshold_sigma: float = 3.0
     """The median must leave the reference by this many reference σ ..."""
-    min_change_rel: float = 0.4
+    min_change_rel: float = 0.5
     """... and by at least this fraction of the reference: slow healthy drifts of a few tens of
     percent over a long run are not a dead teacher, whose student's entropy multiplies."""
+    rise_horizon: int = 20
+    """A rise is also judged over this many steps (the median now against the median then) ..."""
+    min_rise_rel: float = 0.4
+    """... where a rise of this fraction of the reference (and ``rise_sigma`` σ) is enough: a
+    dead teacher's student climbs by that much within a few steps, a healthy drift never does."""
+    rise_sigma: float = 6.0
+    """σ a rise over ``rise_horizon`` must exceed: two medians differ by noise twice over."""
     min_change_abs: float = 0.05
     """... and by at least this many nats."""
     min_sigma_rel: float = 0.05
@@ -52,6 +60,7 @@ class EntropyDriftCheck(Check):
         self._reference = Reference(self.warmup_steps, self.min_sigma_rel, self.min_sigma_abs)
         self._recent = RollingMedian(self.window)
         self._falling = Episode()
+        self._medians: deque[float] = deque(maxlen=self.rise_horizon + 1)
 
     def on_step_metrics(self, metrics: StepMetrics, run: RunSpec) -> list[Finding]:
         h = metrics.get(Metric.STUDENT_ENTROPY)
@@ -63,6 +72,7 @@ class EntropyDriftCheck(Check):
         ref.add(h)
         if median is None:
             return []
+        self._medians.append(median)
         findings = self._limits(median, metrics, run)
         if not ready:
             return findings
@@ -80,18 +90,41 @@ class EntropyDriftCheck(Check):
             "bound": bound,
         }
         rise = median - ref.median
-        if rise >= bound:
+        then = self._medians[0]
+        fast = median - then
+        fast_bound = max(
+            self.rise_sigma * ref.sigma,
+            self.min_rise_rel * abs(ref.median),
+            self.min_change_abs,
+        )
+        if rise >= bound or (len(self._medians) > self.rise_horizon and fast >= fast_bound):
+            if rise >= bound:
+                what = (
+                    f"{rise:.3f} above its warm-up level {ref.median:.3f} (bound {bound:.3f}: "
+                    f"{self.threshold_sigma:g}σ, {self.min_change_rel:.0%} of the level, or "
+                    f"{self.min_change_abs:g} nats, whichever is larger)"
+                )
+            else:
+                what = (
+                    f"up {fast:.3f} from {then:.3f} {self.rise_horizon} steps ago (bound "
+                    f"{fast_bound:.3f}: {self.min_rise_rel:.0%} of its warm-up level "
+                    f"{ref.median:.3f}, or {self.rise_sigma:g}σ)"
+                )
             findings.append(
                 Finding(
                     Code.STUDENT_ENTROPY_DRIFT,
                     Severity.WARN,
                     f"Student entropy has risen: the median of the last {self.window} steps is "
-                    f"{median:.3f} nats, {rise:.3f} above its warm-up level {ref.median:.3f} "
-                    f"(bound {bound:.3f}: {self.threshold_sigma:g}σ, {self.min_change_rel:.0%} "
-                    f"of the level, or {self.min_change_abs:g} nats, whichever is larger). "
+                    f"{median:.3f} nats, {what}. "
                     + likely_cause(metrics, "A student drifting toward uniform"),
                     metrics.step,
-                    {**values, "direction": "up"},
+                    {
+                        **values,
+                        "direction": "up",
+                        "median_then": then,
+                        "rise_horizon": self.rise_horizon,
+                        "fast_bound": fast_bound,
+                    },
                 )
             )
         if self._falling.update(-rise >= bound):
@@ -143,9 +176,13 @@ class EntropyDriftCheck(Check):
             "reference": self._reference.state_dict(),
             "recent": self._recent.state_dict(),
             "falling": self._falling.active,
+            "medians": list(self._medians),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._reference.load_state_dict(state.get("reference", {}))
         self._recent.load_state_dict(state.get("recent", {}))
         self._falling.active = bool(state.get("falling", False))
+        self._medians = deque(
+            (float(x) for x in state.get("medians", [])), maxlen=self.rise_horizon + 1
+        )

@@ -40,6 +40,12 @@ class TeacherCollapseCheck(Check):
     min_row_fraction: float = 0.01
     """Top-k input: flag when at least this fraction of rows is uniform (1 % catches one dead
     replica among many; a healthy teacher has none)."""
+    near_uniform_fraction: float = 0.5
+    """Top-k input: flag a teacher whose median top-1 logprob over the batch is at or below this
+    × (−ln V), i.e. whose typical top choice has a probability under V^-0.5 (1/390 at V = 151936):
+    garbage weights in a real architecture spread the distribution without making it exactly
+    uniform (a teacher with noise weights measured −7.86 at V = 151936). A healthy teacher's
+    median top-1 is above −2 nats."""
     min_token_fraction: float = 0.05
     """Sampled-token input: flag when at least this fraction of tokens sits at −ln V."""
     mean_atol: float = 1e-3
@@ -154,6 +160,8 @@ class TeacherCollapseCheck(Check):
             target = uniform_logprob(run.vocab_size)
             bound = self.min_row_fraction if topk else self.min_token_fraction
             frac = stats.uniform_fraction
+            if frac < bound and topk:
+                findings += self._near_uniform(values, scores.step, run, measured)
             if frac >= bound:
                 what = "top-k rows have their top-1" if topk else "sampled-token logprobs sit"
                 findings.append(
@@ -203,6 +211,30 @@ class TeacherCollapseCheck(Check):
                     )
                 )
         return findings
+
+    def _near_uniform(
+        self, top1: torch.Tensor, step: int, run: RunSpec, measured: dict
+    ) -> list[Finding]:
+        finite = top1[torch.isfinite(top1)]
+        if finite.numel() == 0:
+            return []
+        median = float(finite.double().median())
+        bound = -self.near_uniform_fraction * run.log_vocab
+        if median > bound:
+            return []
+        return [
+            Finding(
+                Code.TEACHER_NEAR_UNIFORM,
+                Severity.CRITICAL,
+                f"The teacher's median top-1 logprob over {finite.numel()} positions is "
+                f"{median:.3f}, at or below {bound:.3f} = {self.near_uniform_fraction:g} × "
+                f"(−ln V = {-run.log_vocab:.3f}): its typical top choice has a probability of "
+                f"{math.exp(median):.2e}. Not exactly uniform, but spread like a model whose "
+                f"weights are noise (a garbage wake, a half-applied reload). {FIX}",
+                step,
+                {**measured, "top1_median": median, "bound": bound},
+            )
+        ]
 
     def _nonfinite(self, x: torch.Tensor, kind: str, step: int, *, topk: bool) -> list[Finding]:
         bad = torch.isnan(x) | (x == math.inf)

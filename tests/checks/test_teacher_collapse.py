@@ -197,7 +197,10 @@ def test_scalar_metric_needs_vocab_and_a_finite_value():
 
 def test_tolerance_is_configurable():
     x = torch.full((10, 4), UNIFORM + 0.004)
-    assert TeacherCollapseCheck().on_teacher_scores(scores(topk=x), KNOWN) == []
+    # outside the exact test's tolerance, but a teacher this spread is still caught
+    assert codes(TeacherCollapseCheck().on_teacher_scores(scores(topk=x), KNOWN)) == [
+        Code.TEACHER_NEAR_UNIFORM
+    ]
     assert codes(TeacherCollapseCheck(atol=0.01).on_teacher_scores(scores(topk=x), KNOWN)) == [
         Code.TEACHER_UNIFORM
     ]
@@ -220,3 +223,27 @@ def test_a_healthy_or_steady_high_mean_is_never_read_as_pinned():
     steady = [StepMetrics(s, {"teacher_logprob": -0.35}) for s in range(50)]  # V = 1: no
     noisy = [StepMetrics(s, {"teacher_logprob": -6.0 - 0.01 * (s % 3)}) for s in range(50)]
     assert not any(check.on_step_metrics(m, RunSpec()) for m in steady + noisy)
+
+
+def spread_rows(n, top1, k=8, gap=0.05, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    start = top1 + 0.03 * abs(top1) * torch.randn(n, 1, generator=g)
+    return start - gap * torch.arange(k).float() * (1 + torch.rand(n, k, generator=g))
+
+
+def test_a_spread_but_not_uniform_teacher_is_near_uniform():
+    """Garbage weights: top-1 around −0.66 ln V (−7.86 at V = 151936 in the report), rows not
+    flat, so the exact uniform test stays silent; the median top-1 is what gives it away."""
+    rows = spread_rows(64, -0.66 * LN_QWEN3_V)
+    (f,) = TeacherCollapseCheck().on_teacher_scores(TeacherScores(5, topk_logprobs=rows), KNOWN)
+    assert f.code == Code.TEACHER_NEAR_UNIFORM and f.severity is Severity.CRITICAL
+    assert f.values["top1_median"] <= f.values["bound"] == pytest.approx(-0.5 * LN_QWEN3_V)
+
+
+def test_a_healthy_teacher_with_many_uncertain_positions_is_not_near_uniform():
+    confident = spread_rows(60, -0.3)
+    uncertain = spread_rows(40, -5.0, seed=1)  # 40 % of positions far from sure
+    rows = torch.cat([confident, uncertain])
+    assert (
+        TeacherCollapseCheck().on_teacher_scores(TeacherScores(0, topk_logprobs=rows), KNOWN) == []
+    )

@@ -1,0 +1,457 @@
+"""Detection quality of the guard's presets on generated histories: false alarms and delays.
+
+Healthy families (false alarms = findings at warn or above, per 10k steps): noise levels, slow
+drifts and periodic wobble, learning-rate warm-up and decay shapes, isolated loss and entropy
+spikes, eval noise and truncation bursts, everything at once; as role metrics, as JSONL files in
+Relax's metric names through ``replay``, and with in-process teacher tensors every step.
+Failing families (detection delay = first warn+ step - k, the failure's first step): a dead
+(uniform) teacher from step k with top-k rows, sampled-token logprobs, or loss and entropy only;
+a garbage teacher; partial collapse (some rows; one rank of four); a teacher degrading over 100
+steps; a dead teacher under each loss (JSD at β 0.1/0.5/0.9, forward and reverse KL) and scale.
+Every history is a pure function of (family, seed); the presets see the same histories.
+
+Run: ``.venv/bin/python benchmarks/detection.py [--quick] [--presets default,strict] [--seeds N]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import sys
+import tempfile
+import time
+import zlib
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from distill_guard.alerts import Alerter
+from distill_guard.config import build_guard
+from distill_guard.findings import Severity
+from distill_guard.history import load_history
+from distill_guard.replay import replay
+
+K_TOP = 16
+POOL = 4096
+RELAX = {
+    "loss": "train/loss",
+    "student_entropy": "train/entropy_loss",
+    "truncated_ratio": "rollout/truncated_ratio",
+    "teacher_logprob": "rollout/teacher_log_probs",
+    "eval_accuracy": "eval/sciknoweval_biology_acc",
+}
+
+
+def jsd_ceiling(beta: float) -> float:
+    return -sum(p * math.log(p) for p in (beta, 1 - beta) if p > 0)
+
+
+@dataclass(frozen=True)
+class Setup:
+    """The run's facts, given to the guard as overrides."""
+
+    vocab: int
+    loss: str = "JSD"
+    beta: float = 0.5
+    scale: float = 1.0
+
+    @property
+    def log_v(self) -> float:
+        return math.log(self.vocab)
+
+    @property
+    def ceiling(self) -> float | None:
+        return jsd_ceiling(self.beta) if self.loss == "JSD" else None
+
+    def overrides(self) -> list[str]:
+        o = f"run.vocab_size={self.vocab} run.loss={self.loss} run.loss_scale={self.scale}"
+        return o.split() + [f"run.beta={self.beta}"] * (self.loss == "JSD")
+
+
+def draw_setup(rng: np.random.Generator, loss: str | None = None, scale: float | None = None):
+    kinds = [("JSD", 0.1), ("JSD", 0.5), ("JSD", 0.9), ("FORWARD_KL", 0.5), ("REVERSE_KL", 0.5)]
+    kind, beta = kinds[rng.integers(len(kinds))]
+    if loss is not None:
+        kind, beta = (loss.split("@")[0], float(loss.split("@")[1])) if "@" in loss else (loss, 0.5)
+    vocab = int(rng.choice([1024, 151936]))
+    return Setup(vocab, kind, beta, scale if scale is not None else float(rng.choice([1.0, 2.0])))
+
+
+# ------------------------------------------------------------------ healthy generators
+
+
+def lr_progress(rng: np.random.Generator, n: int, long_warmup: bool) -> np.ndarray:
+    """Cumulative learning rate (0 → 1) of a warm-up then a constant/linear/cosine/step/rsqrt decay."""
+    s = np.arange(n)
+    w = max(1, int(n * rng.uniform(0, 0.2 if long_warmup else 0.05)))
+    post = (s - w).clip(0) / max(n - w, 1)
+    kind = rng.integers(5)
+    decay = [
+        np.ones(n),
+        1 - 0.9 * post,
+        0.05 + 0.475 * (1 + np.cos(np.pi * post)),
+        0.3 ** np.floor(3 * post),
+        1 / np.sqrt(1 + 20 * post),
+    ][kind]
+    p = np.cumsum(np.minimum(1.0, (s + 1) / w) * decay)
+    return p / p[-1]
+
+
+def drift_curve(rng: np.random.Generator, n: int) -> np.ndarray:
+    """A slow curve from 0 that ends at ±1: linear, a sigmoid step, or a smoothed random walk."""
+    t = np.linspace(0, 1, n)
+    kind = rng.integers(3)
+    if kind == 0:
+        return t
+    if kind == 1:
+        return 1 / (1 + np.exp(-(t - rng.uniform(0.2, 0.8)) * rng.uniform(5, 12)))
+    walk = np.cumsum(rng.normal(size=n))
+    walk = np.convolve(walk, np.ones(101) / 101, mode="same") - walk[0]
+    return walk / max(np.abs(walk).max(), 1e-9)
+
+
+def wobbles(rng: np.random.Generator, n: int, amp: float) -> np.ndarray:
+    """1 + a periodic wobble of up to ``amp``, period 50–1000 steps."""
+    phase = 2 * np.pi * np.arange(n) / rng.uniform(50, 1000) + rng.uniform(0, 7)
+    return 1 + rng.uniform(0, amp) * np.sin(phase)
+
+
+def isolated(rng: np.random.Generator, n: int, rate: float, gap: int = 8) -> np.ndarray:
+    """Step indices of isolated events (at least ``gap`` steps apart, none in the first 60)."""
+    idx = np.flatnonzero(rng.random(n) < rate)
+    keep, last = [], -(10**9)
+    for i in idx:
+        if i >= 60 and i - last >= gap:
+            keep.append(i)
+            last = i
+    return np.array(keep, dtype=int)
+
+
+HEALTHY = {
+    # name: (noise σ range, max drift, max wobble, spike rate, burst rate, eval σ max, long warm-up)
+    "quiet": ((0.01, 0.02), 0.0, 0.0, 0.0, 0.0, 0.01, False),
+    "noisy": ((0.05, 0.10), 0.1, 0.0, 0.0, 0.0, 0.02, False),
+    "drift+wobble": ((0.01, 0.05), 0.3, 0.1, 0.0, 0.0, 0.02, False),
+    "lr shapes": ((0.01, 0.05), 0.1, 0.02, 0.0, 0.0, 0.02, True),
+    "spikes": ((0.01, 0.05), 0.1, 0.02, 1 / 150, 0.0, 0.02, False),
+    "eval+truncation": ((0.01, 0.05), 0.1, 0.02, 0.0, 1 / 150, 0.03, False),
+    "mixed": ((0.01, 0.10), 0.3, 0.1, 1 / 300, 1 / 300, 0.03, True),
+    "relax names (replay)": ((0.01, 0.10), 0.3, 0.1, 1 / 300, 1 / 300, 0.03, True),
+    "tensors (in-process)": ((0.01, 0.10), 0.3, 0.1, 1 / 300, 1 / 300, 0.03, True),
+}
+
+
+def healthy_series(rng: np.random.Generator, n: int, setup: Setup, family: str) -> dict:
+    """Per-step loss, entropy, truncation, teacher logprob and eval accuracy (NaN off eval steps)."""
+    noise, drift, wobble, spike_rate, burst_rate, eval_sd, long_wu = HEALTHY[family]
+    s = np.arange(n)
+    sd = rng.uniform(*noise)
+    # loss: decays with the cumulated learning rate, lognormal noise, optional wobble
+    top = setup.ceiling * rng.uniform(0.05, 0.3) if setup.ceiling else rng.uniform(0.05, 0.5)
+    end, c = top * rng.uniform(0.1 if long_wu else 0.3, 0.7), rng.uniform(1, 5)
+    p = lr_progress(rng, n, long_wu)
+    loss = end + (top - end) * (np.exp(-c * p) - math.exp(-c)) / (1 - math.exp(-c))
+    wob = wobbles(rng, n, wobble)
+    loss = loss * wob * np.exp(rng.normal(0, min(1.5 * sd, 0.15), n)) * setup.scale
+    # student entropy: 0.3–2 nats (≤ 1.2 at V = 1024), drift ±30 %, wobble, 1–10 % noise
+    h0 = rng.uniform(0.3, 2.0 if setup.vocab > 10_000 else 1.2)
+    wob = wobbles(rng, n, wobble)
+    ent = h0 * (1 + rng.uniform(-drift, drift) * drift_curve(rng, n)) * wob
+    ent = ent * (1 + rng.normal(0, sd, n))
+    for i in isolated(rng, n, spike_rate):  # loss: up to 10×, below 0.9 of the JSD ceiling
+        cap = 0.9 * setup.ceiling * setup.scale if setup.ceiling else math.inf
+        loss[i] = max(loss[i], min(loss[i] * rng.uniform(2, 10), cap))
+    for i in isolated(rng, n, spike_rate):  # entropy: up to +0.5 nats or 2×, e.g. 0.41 → 0.9
+        ent[i] += rng.uniform(0.25, 1) * max(0.5, ent[i])
+    # truncation: binomial around 2–10 %, 1–2 step bursts up to 0.6
+    m = int(rng.integers(64, 513))
+    trunc = rng.binomial(m, rng.uniform(0.02, 0.1), n) / m
+    for i in isolated(rng, n, burst_rate):
+        trunc[i : i + int(rng.integers(1, 3))] = rng.uniform(0.3, 0.6)
+    # eval accuracy every 10–50 steps, noisy around a slowly rising curve
+    acc = np.full(n, np.nan)
+    every, a0 = int(rng.integers(10, 51)), rng.uniform(0.2, 0.5)
+    ev = s[::every]
+    acc[ev] = (
+        a0 + rng.uniform(0.05, 0.25) * p[ev] + rng.normal(0, rng.uniform(0.01, eval_sd), ev.size)
+    )
+    lp = rng.uniform(-1.5, -0.3) * (1 + 0.1 * drift_curve(rng, n)) + rng.normal(0, 0.02, n)
+    return {"loss": loss, "ent": ent, "trunc": trunc.clip(0, 1), "lp": lp, "acc": acc.clip(0, 1)}
+
+
+def topk_rows(rng: np.random.Generator, n: int) -> np.ndarray:
+    """A healthy teacher's top-k logprob rows: top-1 ≈ −0.1 … −1.5, decreasing; ~10 % high-entropy."""
+    top1 = -np.exp(rng.normal(math.log(0.45), 0.7, n)).clip(0.005, 4)
+    gaps = rng.exponential(rng.uniform(0.2, 1.5, (n, 1)), (n, K_TOP - 1))
+    hot = rng.random(n) < 0.1
+    top1[hot] = rng.uniform(-4.5, -2.5, hot.sum())
+    gaps[hot] *= 0.1
+    rows = top1[:, None] - np.concatenate([np.zeros((n, 1)), gaps.cumsum(1)], 1)
+    lse = np.log(np.exp(rows).sum(1))
+    return rows - np.maximum(lse, 0)[:, None]
+
+
+def token_logprobs(rng: np.random.Generator, n: int) -> np.ndarray:
+    """Sampled tokens under a healthy teacher: median −0.9, long tail, rare single tokens near −15."""
+    x = -np.exp(rng.normal(math.log(0.9), 0.9, n))
+    rare = rng.random(n) < 0.003
+    x[rare] = rng.uniform(-18, -8, rare.sum())
+    return x
+
+
+# ------------------------------------------------------------------ failing generators
+
+# name: (failure, logging mode, loss "KIND@beta" or None for drawn, scale or None for drawn)
+FAILING = {
+    "dead, top-k rows": ("dead", "topk", None, None),
+    "dead, sampled-token logprobs": ("dead", "token", None, None),
+    "dead, loss+entropy only": ("dead", "loss", None, None),
+    "garbage (top-k rows)": ("garbage", "topk", None, None),
+    "partial rows 5–50 % (top-k)": ("partial", "topk", None, None),
+    "one rank of 4 dead (tokens)": ("rank", "token", None, None),
+    "degrading over 100 steps (top-k)": ("degrade", "topk", None, None),
+    **{
+        f"dead, loss only: {loss.replace('@', ' β=')}, scale {sc:g}": ("dead", "loss", loss, sc)
+        for loss in ("JSD@0.1", "JSD@0.5", "JSD@0.9", "FORWARD_KL", "REVERSE_KL")
+        for sc in (1.0, 2.0)
+    },
+}
+
+
+def fail_series(rng: np.random.Generator, x: dict, setup: Setup, k: int, kind: str) -> dict:
+    """Overwrite a healthy series from step k with the failure's metrics; adds ``frac`` and ``a``."""
+    n, lv = x["loss"].size, setup.log_v
+    t = np.arange(n) - k
+    on = t >= 0
+    tau = rng.uniform(10, 40) if kind != "garbage" else rng.uniform(10, 30)
+    rise = np.where(on, 1 - np.exp(-t.clip(0) / tau), 0.0)  # the student's slide toward uniform
+    frac = rng.uniform(0.05, 0.5) if kind == "partial" else 0.25 if kind == "rank" else 1.0
+    a = np.where(on, (t.clip(0) / 100).clip(0, 1), 0.0) if kind == "degrade" else on * 1.0
+    if kind == "degrade":
+        rise = a**2
+    ent0, loss0 = x["ent"].copy(), x["loss"].copy()
+    top = 0.9 if kind == "garbage" else 0.95
+    x["ent"] = ent0 + frac * (top * lv - ent0) * rise
+    h = x["ent"]
+    if kind == "garbage":  # the loss falls while the student spreads out
+        dead = loss0 * (0.2 + 0.8 * np.exp(-t.clip(0) / tau))
+    elif setup.loss == "JSD":  # at the ceiling, falls once the student is as flat as the teacher
+        fall = np.exp(-((t.clip(0) / (1.5 * tau)) ** 2)) if kind != "degrade" else 1.0
+        dead = setup.scale * (setup.ceiling * rng.uniform(0.965, 0.995) * fall + 1e-4)
+    elif setup.loss == "REVERSE_KL":  # KL(s‖u) = ln V − H(s), up to batch averaging
+        dead = setup.scale * (lv - h) * (1 + rng.normal(0, 0.002, n))
+    else:  # forward KL jumps ≥ 10× and falls as the student flattens
+        dead = loss0[k] * rng.uniform(10, 50) * (1 - rise) + loss0
+    x["loss"] = np.where(on, (1 - frac * a) * loss0 + frac * a * dead, loss0)
+    ramp = np.where(on, (t.clip(0) / rng.uniform(30, 70)).clip(0, 1), 0.0) * (
+        a if kind == "degrade" else 1
+    )
+    x["trunc"] = x["trunc"] + frac * (1 - x["trunc"]) * ramp
+    x["acc"] = x["acc"] * (1 - frac * np.where(on, 1 - np.exp(-t.clip(0) / tau), 0.0))
+    x["frac"], x["a"] = frac, a
+    return x
+
+
+def batch_shape(rng: np.random.Generator, x: dict) -> None:
+    """Rows per step (64–256; 8 sampled tokens per row), drawn from pools made once per history."""
+    x["rows"] = int(rng.integers(64, 257))
+    x["row_pool"] = topk_rows(rng, POOL).astype(np.float32)
+    x["tok_pool"] = token_logprobs(rng, 4 * POOL).astype(np.float32)
+
+
+def teacher_batch(rng: np.random.Generator, setup: Setup, mode: str, kind: str, x: dict, i: int):
+    """This step's (token_logprobs, topk_logprobs) tensors for ``mode``; healthy when kind is None."""
+    n, lv = x["rows"], setup.log_v
+    on = kind is not None and x["a"][i] > 0
+    if mode == "topk":
+        rows = x["row_pool"][rng.integers(0, POOL, n)]
+        if on and kind == "dead":
+            rows[:] = -lv
+        elif on and kind == "garbage":
+            g = -0.6 * lv + rng.normal(0, 0.03 * lv, (n, 1))
+            rows = g - np.concatenate(
+                [np.zeros((n, 1)), rng.exponential(0.05, (n, K_TOP - 1)).cumsum(1)], 1
+            )
+        elif on and kind == "partial":
+            rows[: max(1, round(x["frac"] * n))] = -lv
+        elif on and kind == "degrade":
+            rows = (1 - x["a"][i]) * rows + x["a"][i] * -lv
+        return None, torch.from_numpy(rows.astype(np.float32, copy=False))
+    tok = x["tok_pool"][rng.integers(0, 4 * POOL, n * 8)]
+    if on and kind == "dead":
+        tok[:] = -lv
+    elif on and kind == "rank":
+        tok[: tok.size // 4] = -lv
+    return torch.from_numpy(tok), None
+
+
+# ------------------------------------------------------------------ driving the guard
+
+
+def task_rng(kind: str, family: str, seed: int) -> np.random.Generator:
+    return np.random.default_rng([seed, zlib.crc32(f"{kind}/{family}".encode())])
+
+
+def metrics_at(x: dict, i: int, with_lp: bool) -> dict[str, float]:
+    m = {"loss": x["loss"][i], "student_entropy": x["ent"][i], "truncated_ratio": x["trunc"][i]}
+    if with_lp:
+        m["teacher_logprob"] = x["lp"][i]
+    if not math.isnan(x["acc"][i]):
+        m["eval_accuracy"] = x["acc"][i]
+    return {key: float(v) for key, v in m.items()}
+
+
+def new_guard(preset: str, setup: Setup, found: list):
+    quiet = Alerter(use_wandb=False, log_alerts=False)
+    kw = dict(events=None, alerter=quiet, on_finding=found.append, stop_on_halt=False)
+    return build_guard(preset, setup.overrides(), **kw)
+
+
+def run_healthy(family: str, seed: int, preset: str) -> dict:
+    rng = task_rng("healthy", family, seed)
+    setup, n = draw_setup(rng), int(rng.integers(1000, 10_001))
+    x = healthy_series(rng, n, setup, family)
+    found: list = []
+    if family.startswith("relax"):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "run.jsonl")
+            with open(path, "w") as fh:
+                for i in range(n):
+                    row = {RELAX[r]: v for r, v in metrics_at(x, i, True).items()}
+                    fh.write(json.dumps({"_step": i, **row}) + "\n")
+            found = replay(load_history(path), preset, setup.overrides()).findings
+    else:
+        g = new_guard(preset, setup, found)
+        tensors = family.startswith("tensors")
+        x["a"] = np.zeros(n)
+        batch_shape(rng, x)
+        for i in range(n):
+            if tensors:
+                tok, _ = teacher_batch(rng, setup, "token", None, x, i)
+                _, top = teacher_batch(rng, setup, "topk", None, x, i)
+                x["lp"][i] = float(tok.mean())
+                g.on_teacher_scores(i, token_logprobs=tok, topk_logprobs=top)
+            g.on_step_metrics(i, metrics_at(x, i, True))
+    alarms = Counter(f.code for f in found if f.severity >= Severity.WARN)
+    return {"kind": "healthy", "family": family, "preset": preset, "steps": n, "alarms": alarms}
+
+
+def run_failing(family: str, seed: int, preset: str) -> dict:
+    kind, mode, loss, scale = FAILING[family]
+    rng = task_rng("failing", family, seed)
+    setup = draw_setup(rng, loss, scale)
+    k = int(rng.integers(100, 601))
+    n = k + 300
+    x = fail_series(rng, healthy_series(rng, n, setup, "mixed"), setup, k, kind)
+    batch_shape(rng, x)
+    if mode == "token":
+        x["lp"] = np.where(
+            np.arange(n) >= k, -setup.log_v * x["frac"] + x["lp"] * (1 - x["frac"]), x["lp"]
+        )
+    found: list = []
+    g = new_guard(preset, setup, found)
+    delay, first = None, Counter()
+    for i in range(n):
+        if mode != "loss":
+            tok, top = teacher_batch(rng, setup, mode, kind, x, i)
+            g.on_teacher_scores(i, token_logprobs=tok, topk_logprobs=top)
+        g.on_step_metrics(i, metrics_at(x, i, mode == "token"))
+        hits = [f for f in found if f.severity >= Severity.WARN and f.step >= k]
+        if hits:
+            delay, first = i - k, Counter({f.code for f in hits if f.step == i})
+            break
+    early = Counter(f.code for f in found if f.severity >= Severity.WARN and f.step < k)
+    out = {"kind": "failing", "family": family, "preset": preset, "steps": n, "delay": delay}
+    return out | {"first": first, "early": early}
+
+
+def run_task(task: tuple[str, str, int, str]) -> dict:
+    kind, family, seed, preset = task
+    torch.set_num_threads(1)
+    logging.getLogger("distill_guard").setLevel(logging.CRITICAL + 1)
+    return (run_healthy if kind == "healthy" else run_failing)(family, seed, preset)
+
+
+# ------------------------------------------------------------------ report
+
+
+def codes(c: Counter) -> str:
+    return ", ".join(f"{code} ×{n}" for code, n in c.most_common()) or "–"
+
+
+def md(*cells: object) -> None:
+    print("| " + " | ".join(str(c) for c in cells) + " |")
+
+
+def report(results: list[dict], preset: str) -> None:
+    rs = [r for r in results if r["preset"] == preset]
+    print(f"\n### preset `{preset}`\n")
+    print(
+        "| healthy family | histories | steps | warn+ findings | per 10k steps | alarmed | codes |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---|")
+    for fam in [*HEALTHY, None]:
+        fr = [r for r in rs if r["kind"] == "healthy" and fam in (None, r["family"])]
+        if not fr:
+            continue
+        steps, alarms = sum(r["steps"] for r in fr), sum((r["alarms"] for r in fr), Counter())
+        n_al, bad = sum(alarms.values()), sum(bool(r["alarms"]) for r in fr)
+        name, per = fam or "**all**", f"{1e4 * n_al / steps:.3g}"
+        md(name, len(fr), f"{steps:,}", n_al, per, bad, codes(alarms))
+    print()
+    print(
+        "| failing family | detected | median delay | worst | goal | early (before k) | first codes |"
+    )
+    print("|---|---:|---:|---:|---|---|---|")
+    for fam, (kind, mode, *_) in FAILING.items():
+        fr = [r for r in rs if r["kind"] == "failing" and r["family"] == fam]
+        if not fr:
+            continue
+        d = sorted(r["delay"] for r in fr if r["delay"] is not None)
+        target = None if kind == "degrade" else 3 if mode == "loss" else 1
+        goal = "–" if target is None else f"≤ {target}"
+        if target is not None:
+            goal += " met" if len(d) == len(fr) and d[-1] <= target else " **not met**"
+        early = sum((r["early"] for r in fr), Counter())
+        first = sum((r["first"] for r in fr), Counter())
+        med, worst = (f"{np.median(d):g}", d[-1]) if d else ("–", "–")
+        md(fam, f"{len(d)}/{len(fr)}", med, worst, goal, codes(early), codes(first))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--presets", default="default,monitor_only,strict")
+    ap.add_argument("--seeds", type=int, default=24, help="histories per family (default 24)")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="~5 %% of the work: healthy seeds / 20 (min 1), failing / 10 (min 2)",
+    )
+    ap.add_argument("--workers", type=int, default=2)
+    args = ap.parse_args()
+    seeds = max(1, args.seeds // 20) if args.quick else args.seeds
+    f_seeds = max(2, args.seeds // 10) if args.quick else args.seeds
+    presets = [p.strip() for p in args.presets.split(",") if p.strip()]
+    tasks = [("healthy", f, s, p) for p in presets for f in HEALTHY for s in range(seeds)]
+    tasks += [("failing", f, s, p) for p in presets for f in FAILING for s in range(f_seeds)]
+    cost = {"healthy": 5.0, "failing": 1.0}  # larger first, for balance across workers
+    tasks.sort(key=lambda t: -cost[t[0]] * (5 if t[1].startswith("tensors") else 1))
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(args.workers) as pool:
+        results = list(pool.map(run_task, tasks, chunksize=1))
+    wall = time.perf_counter() - t0
+    print(f"# command: {' '.join([os.path.basename(sys.executable), *sys.argv])}")
+    print(f"# {len(tasks)} histories, seeds per family {seeds} / {f_seeds} (healthy / failing)")
+    for p in presets:
+        report(results, p)
+    print(f"\n# wall time {wall:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
