@@ -95,3 +95,24 @@ def test_no_loss_no_finding():
     assert (
         JSDCeilingCheck().on_step_metrics(StepMetrics(0, {"student_entropy": 1.0}), RunSpec()) == []
     )
+
+
+def test_a_kl_loss_judged_as_a_jsd_is_told_it_may_not_be_one():
+    """A forward-KL run replayed with the default (JSD) settings: the old message blamed only
+    scaling or extra terms, the wrong diagnosis for a loss that is simply not a JSD."""
+    (f,) = judge(2.3)
+    assert "not a JSD" in f.message and "KL" in f.message and "run.loss" in f.message
+
+
+def test_blame_follows_the_teachers_own_evidence():
+    run = RunSpec(beta=0.5)
+    check = JSDCeilingCheck()
+    healthy = check.on_step_metrics(StepMetrics(0, {"loss": 0.688}, teacher_healthy=True), run)
+    unknown = check.on_step_metrics(StepMetrics(0, {"loss": 0.688}), run)
+    dead = check.on_step_metrics(StepMetrics(0, {"loss": 0.688}, teacher_healthy=False), run)
+    assert [f.code for f in healthy] == [Code.STUDENT_DIVERGED]
+    assert "learning rate" in healthy[0].message and "uniform" not in healthy[0].message
+    assert [f.code for f in unknown] == [Code.LOSS_JSD_CEILING]
+    assert "diverged" in unknown[0].message  # both causes named when nothing tells them apart
+    assert [f.code for f in dead] == [Code.LOSS_JSD_CEILING]
+    assert "it is the teacher" in dead[0].message
