@@ -35,7 +35,7 @@ class EntropyDriftCheck(Check):
     """Steps in the rolling median that is judged; a shift must hold on more than half of them."""
     threshold_sigma: float = 3.0
     """The median must leave the reference by this many reference σ ..."""
-    min_change_rel: float = 0.5
+    min_change_rel: float = 0.75
     """... and by at least this fraction of the reference: slow healthy drifts of a few tens of
     percent over a long run are not a dead teacher, whose student's entropy multiplies."""
     rise_horizon: int = 20

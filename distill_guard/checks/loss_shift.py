@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -33,7 +34,10 @@ class LossShiftCheck(Check):
     threshold_sigma: float = 6.0
     """The median must exceed the reference by this many reference σ ..."""
     min_factor: float = 3.0
-    """... and be at least this many times the reference."""
+    """... and be at least this many times the reference; or this many times the median of
+    ``horizon`` steps ago (a loss that has decayed tenfold since its warm-up still jumps)."""
+    horizon: int = 20
+    """Steps back to the second reference, the median then."""
     only_without_ceiling: bool = True
     """Judge only losses without a ceiling (KL): a JSD's exact ceiling test catches a dead
     teacher at its first step, so a statistic on it would only add false alarms."""
@@ -41,6 +45,7 @@ class LossShiftCheck(Check):
     def __post_init__(self) -> None:
         self._reference = Reference(self.warmup_steps)
         self._recent = RollingMedian(self.window)
+        self._medians: deque[float] = deque(maxlen=self.horizon + 1)
 
     def on_step_metrics(self, metrics: StepMetrics, run: RunSpec) -> list[Finding]:
         loss = metrics.get(Metric.LOSS)
@@ -53,20 +58,34 @@ class LossShiftCheck(Check):
         ref = self._reference
         ready = ref.ready
         ref.add(per_token)
-        if median is None or not ready:
+        if median is None:
             return []
+        self._medians.append(median)
+        if not ready:
+            return []
+        then = self._medians[0]
         bound = max(ref.median + self.threshold_sigma * ref.sigma, self.min_factor * ref.median)
-        if median < bound:
+        jump = len(self._medians) > self.horizon and median >= self.min_factor * then
+        if median < bound and not jump:
             return []
+        if median >= bound:
+            what = (
+                f"{median / max(ref.median, 1e-12):.1f}× its warm-up level {ref.median:.4g} "
+                f"(bound {bound:.4g}: {self.min_factor:g}× or {self.threshold_sigma:g}σ above "
+                "it, whichever is larger)"
+            )
+        else:
+            what = (
+                f"{median / max(then, 1e-12):.1f}× its level of {self.horizon} steps ago, "
+                f"{then:.4g} (bound {self.min_factor:g}×)"
+            )
         return [
             Finding(
                 Code.LOSS_SHIFT,
                 Severity.WARN,
                 f"Per-token {run.loss.value} loss: the median of the last {self.window} steps is "
-                f"{median:.4g}, {median / max(ref.median, 1e-12):.1f}× its warm-up level "
-                f"{ref.median:.4g} (bound {bound:.4g}: {self.min_factor:g}× or "
-                f"{self.threshold_sigma:g}σ above it, whichever is larger). Teacher and student "
-                "have moved apart. " + likely_cause(metrics, "A loss that multiplies and stays up"),
+                f"{median:.4g}, {what}. Teacher and student have moved apart. "
+                + likely_cause(metrics, "A loss that multiplies and stays up"),
                 metrics.step,
                 {
                     "per_token_loss": per_token,
@@ -75,13 +94,19 @@ class LossShiftCheck(Check):
                     "reference_median": ref.median,
                     "reference_sigma": ref.sigma,
                     "bound": bound,
+                    "median_then": then,
                 },
             )
         ]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"reference": self._reference.state_dict(), "recent": self._recent.state_dict()}
+        return {
+            "reference": self._reference.state_dict(),
+            "recent": self._recent.state_dict(),
+            "medians": list(self._medians),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._reference.load_state_dict(state.get("reference", {}))
         self._recent.load_state_dict(state.get("recent", {}))
+        self._medians = deque((float(x) for x in state.get("medians", [])), maxlen=self.horizon + 1)

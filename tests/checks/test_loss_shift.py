@@ -47,3 +47,15 @@ def test_off_for_a_jsd_whose_ceiling_test_is_exact():
     losses[300:] = [0.69] * 100
     assert not any(feed(LossShiftCheck(), losses, RunSpec()))
     assert any(feed(LossShiftCheck(only_without_ceiling=False), losses, RunSpec()))
+
+
+def test_a_jump_after_a_tenfold_decay_is_caught_against_the_recent_level():
+    """The warm-up level is 10× the loss at the failure: the jump is measured against the
+    median of 20 steps before, not only against the warm-up."""
+    losses = [0.5 * 0.98**t for t in range(300)]  # decays to ~0.001
+    k = 250
+    losses[k:] = [10 * losses[k]] * 50  # 10× the recent level, still below the warm-up's
+    out = feed(LossShiftCheck(), losses)
+    first = next(i for i, f in enumerate(out) if f)
+    assert first - k == 2
+    assert "steps ago" in out[first][0].message
