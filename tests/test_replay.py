@@ -107,3 +107,15 @@ def test_notice_names_the_inferred_vocab_size():
     )
     assert result.inferred_vocab_size == QWEN3_V
     assert f"(it inferred V = {QWEN3_V})" in result.notices[0]
+
+
+def test_the_seed_runs_healthy_history_with_one_entropy_blip_replays_clean(tmp_path):
+    """Issue 14's report: a healthy 400-step history with one step of entropy at 0.9 (from
+    ~0.41) raised 15 entropy_drift warnings, exited 1, and noted entropy_drop 206 times."""
+    rows = list(healthy_history(400, seed=0))
+    rows[231]["train/entropy_loss"] = 0.9
+    path = write_jsonl(rows, tmp_path / "run.jsonl")
+    result = replay(load_history(path), "default", [f"run.vocab_size={QWEN3_V}"])
+    assert [f for f in result.findings if f.severity >= Severity.WARN] == []
+    assert result.exit_code() == 0
+    assert sum(f.code == Code.STUDENT_ENTROPY_DROP for f in result.findings) <= 1
