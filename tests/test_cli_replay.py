@@ -104,7 +104,7 @@ def test_info_findings_alone_exit_0(run_cli, tmp_path):
         {
             "train/step": t,
             "train/loss": 0.02,
-            "train/entropy_loss": (1.0 if t < 80 else 0.3) + 0.05 * ((t * 7) % 5 - 2),
+            "train/entropy_loss": (1.0 if t < 80 else 0.2) + 0.05 * ((t * 7) % 5 - 2),
         }
         for t in range(150)
     ]
