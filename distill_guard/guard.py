@@ -194,11 +194,21 @@ class DistillGuard:
         token_logprobs: torch.Tensor | None = None,
         topk_logprobs: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
+        *,
+        topk_ids: torch.Tensor | None = None,
+        token_ids: torch.Tensor | None = None,
+        sample_index: torch.Tensor | None = None,
     ) -> Decision:
         """After the teacher scored this step's batch, before the loss: a uniform teacher is
         caught here, before it poisons an update. Act on ``skip_batch``/``rewake`` by not
-        training on these scores (re-score if ``decision.repaired``)."""
-        scores = TeacherScores(step, token_logprobs, topk_logprobs, mask)
+        training on these scores (re-score if ``decision.repaired``).
+
+        ``topk_ids``, ``token_ids`` and ``sample_index`` (see
+        :class:`~distill_guard.observations.TeacherScores`) let the pairing checks see a
+        tokenizer mismatch or logprobs shifted by one position."""
+        scores = TeacherScores(
+            step, token_logprobs, topk_logprobs, mask, topk_ids, token_ids, sample_index
+        )
         findings = []
         module_canary = self.module_canary
         if module_canary is not None:

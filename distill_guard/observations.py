@@ -20,8 +20,20 @@ class Metric:
     TRUNCATED_RATIO = "truncated_ratio"
     TEACHER_LOGPROB = "teacher_logprob"
     EVAL_ACCURACY = "eval_accuracy"
+    TOPK_CLAMP_FRACTION = "topk_clamp_fraction"
+    """Fraction of tokens at which a top-k loss's clamp (``clamp_min(0)``) was active."""
+    STUDENT_TOPK_MASS = "student_topk_mass"
+    """Mean student probability mass inside the teacher's top-k."""
 
-    ALL = (LOSS, STUDENT_ENTROPY, TRUNCATED_RATIO, TEACHER_LOGPROB, EVAL_ACCURACY)
+    ALL = (
+        LOSS,
+        STUDENT_ENTROPY,
+        TRUNCATED_RATIO,
+        TEACHER_LOGPROB,
+        EVAL_ACCURACY,
+        TOPK_CLAMP_FRACTION,
+        STUDENT_TOPK_MASS,
+    )
 
 
 class LossKind(str, Enum):
@@ -53,6 +65,9 @@ class RunSpec:
     loss_scale: float = 1.0
     """Factor the trainer applies to the per-token loss (coefficients, temperature²); undone
     before comparing with a bound."""
+    student_vocab_size: int | None = None
+    """The student's vocabulary size, when it differs or may differ from the teacher's
+    (151936 vs 152064 padding): teacher ids at or beyond it cannot be the student's tokens."""
 
     def __post_init__(self) -> None:
         try:
@@ -60,8 +75,10 @@ class RunSpec:
         except ValueError:
             choices = ", ".join(k.value for k in LossKind)
             raise ValueError(f"loss must be one of {choices}, got {self.loss!r}") from None
-        if self.vocab_size is not None and self.vocab_size < 2:
-            raise ValueError(f"vocab_size must be >= 2, got {self.vocab_size}")
+        for name in ("vocab_size", "student_vocab_size"):
+            v = getattr(self, name)
+            if v is not None and v < 2:
+                raise ValueError(f"{name} must be >= 2, got {v}")
         if not 0.0 <= self.beta <= 1.0:
             raise ValueError(f"beta must lie in [0, 1], got {self.beta}")
         if not self.loss_scale > 0:
@@ -88,6 +105,13 @@ class TeacherScores:
     """Top-k logprobs per position, ``[N, K]``."""
     mask: torch.Tensor | None = None
     """``[N]`` bool: which positions count (response tokens, SDPO sample mask)."""
+    topk_ids: torch.Tensor | None = None
+    """``[N, K]`` token ids of ``topk_logprobs``: which tokens the teacher ranks first."""
+    token_ids: torch.Tensor | None = None
+    """``[N]`` ids of the sampled tokens, in sequence order within each sample."""
+    sample_index: torch.Tensor | None = None
+    """``[N]`` which sample each position belongs to (per-sample statistics; sequence
+    boundaries for position checks)."""
 
 
 @dataclass

@@ -11,9 +11,12 @@ from distill_guard.checks.entropy_drift import EntropyDriftCheck
 from distill_guard.checks.eval_accuracy import EvalAccuracyCheck
 from distill_guard.checks.jsd_ceiling import JSDCeilingCheck
 from distill_guard.checks.loss_shift import LossShiftCheck
+from distill_guard.checks.loss_signal import LossSignalCheck
 from distill_guard.checks.nonfinite import NonfiniteMetricsCheck
+from distill_guard.checks.pairing import TokenPairingCheck
 from distill_guard.checks.reverse_kl import ReverseKLSignatureCheck
 from distill_guard.checks.teacher_collapse import TeacherCollapseCheck
+from distill_guard.checks.topk_truncation import TopKTruncationCheck
 from distill_guard.checks.truncation import TruncationCheck
 
 
@@ -28,6 +31,9 @@ class ChecksConfig:
     truncation: TruncationCheck = field(default_factory=TruncationCheck)
     loss_shift: LossShiftCheck = field(default_factory=LossShiftCheck)
     eval_accuracy: EvalAccuracyCheck = field(default_factory=EvalAccuracyCheck)
+    token_pairing: TokenPairingCheck = field(default_factory=TokenPairingCheck)
+    loss_signal: LossSignalCheck = field(default_factory=LossSignalCheck)
+    topk_truncation: TopKTruncationCheck = field(default_factory=TopKTruncationCheck)
     nonfinite_metrics: NonfiniteMetricsCheck = field(default_factory=NonfiniteMetricsCheck)
     canary: CanaryCheck = field(default_factory=CanaryCheck)
     """Sleep/wake canary; used only when the guard is given a live teacher."""
@@ -53,8 +59,11 @@ __all__ = [
     "EvalAccuracyCheck",
     "JSDCeilingCheck",
     "LossShiftCheck",
+    "LossSignalCheck",
     "NonfiniteMetricsCheck",
     "ReverseKLSignatureCheck",
     "TeacherCollapseCheck",
+    "TokenPairingCheck",
+    "TopKTruncationCheck",
     "TruncationCheck",
 ]

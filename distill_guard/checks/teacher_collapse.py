@@ -46,6 +46,10 @@ class TeacherCollapseCheck(Check):
     garbage weights in a real architecture spread the distribution without making it exactly
     uniform (a teacher with noise weights measured −7.86 at V = 151936). A healthy teacher's
     median top-1 is above −2 nats."""
+    min_sample_fraction: float = 0.05
+    """With ``sample_index``: flag when at least this fraction of samples has a median top-1 at
+    or below the near-uniform bound. One replica or tensor-parallel rank of several serving
+    garbage leaves a bimodal batch whose overall median looks healthy (1 of 4 is 25 %)."""
     min_token_fraction: float = 0.05
     """Sampled-token input: flag when at least this fraction of tokens sits at −ln V."""
     mean_atol: float = 1e-3
@@ -162,6 +166,8 @@ class TeacherCollapseCheck(Check):
             frac = stats.uniform_fraction
             if frac < bound and topk:
                 findings += self._near_uniform(values, scores.step, run, measured)
+                if not findings and scores.sample_index is not None:
+                    findings += self._partial(values, scores, run, measured)
             if frac >= bound:
                 what = "top-k rows have their top-1" if topk else "sampled-token logprobs sit"
                 findings.append(
@@ -233,6 +239,36 @@ class TeacherCollapseCheck(Check):
                 f"weights are noise (a garbage wake, a half-applied reload). {FIX}",
                 step,
                 {**measured, "top1_median": median, "bound": bound},
+            )
+        ]
+
+    def _partial(
+        self, top1: torch.Tensor, scores: TeacherScores, run: RunSpec, measured: dict
+    ) -> list[Finding]:
+        """Per-sample medians of the top-1: a fraction of samples near uniform."""
+        sample = scores.sample_index.reshape(-1).to(top1.device)
+        if scores.mask is not None:
+            sample = sample[scores.mask.reshape(-1).to(device=top1.device, dtype=torch.bool)]
+        if sample.numel() != top1.numel():
+            return []
+        bound = -self.near_uniform_fraction * run.log_vocab
+        ids = sample.unique()
+        medians = torch.stack([top1[sample == i].double().median() for i in ids])
+        bad = int((medians <= bound).sum())
+        frac = bad / ids.numel()
+        if frac < self.min_sample_fraction:
+            return []
+        return [
+            Finding(
+                Code.TEACHER_NEAR_UNIFORM,
+                Severity.CRITICAL,
+                f"{bad} of {ids.numel()} samples ({frac:.0%}; bound {self.min_sample_fraction:.0%}) "
+                f"have a median teacher top-1 logprob at or below {bound:.3f} = "
+                f"{self.near_uniform_fraction:g} × (−ln V), while the batch as a whole looks "
+                "healthy: part of the teacher (one replica, one tensor-parallel rank) is serving "
+                f"a near-uniform distribution. Find and restart that part. {FIX}",
+                scores.step,
+                {**measured, "sample_fraction": frac, "samples": int(ids.numel()), "bound": bound},
             )
         ]
 

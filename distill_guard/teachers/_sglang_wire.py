@@ -17,13 +17,42 @@ import torch
 from distill_guard.teachers.base import ScoreResult, TeacherError
 
 
+def check_temperature(temperature: float | None) -> None:
+    """Refuse a ``sampling_params.temperature`` SGLang refuses: it must be a finite number >= 0
+    (``SamplingParams.verify``; 0 means greedy sampling and is read as 1)."""
+    if temperature is None:
+        return
+    if (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, (int, float))
+        or not math.isfinite(temperature)
+        or temperature < 0
+    ):
+        raise ValueError(f"temperature must be a non-negative finite number, got {temperature!r}")
+
+
+def sampling_params(temperature: float | None = None) -> dict[str, Any]:
+    """The scoring request's ``sampling_params``. ``temperature`` defaults to 0, as slime and
+    Relax send it; SGLang computes input logprobs at T = 1 whatever it says
+    (``docs/sglang-contract.md`` §1.8), so it only matters to measure exactly that."""
+    check_temperature(temperature)
+    return {
+        "temperature": 0 if temperature is None else float(temperature),
+        "max_new_tokens": 0,
+        "skip_special_tokens": False,
+    }
+
+
 def score_request(
-    sequences: Sequence[Sequence[int]], top_k: int, logprob_start_len: int
+    sequences: Sequence[Sequence[int]],
+    top_k: int,
+    logprob_start_len: int,
+    temperature: float | None = None,
 ) -> dict[str, Any]:
     """A batched prefill-only scoring request (``max_new_tokens: 0``), as slime and Relax send it."""
     body: dict[str, Any] = {
         "input_ids": [list(map(int, s)) for s in sequences],
-        "sampling_params": {"temperature": 0, "max_new_tokens": 0, "skip_special_tokens": False},
+        "sampling_params": sampling_params(temperature),
         "return_logprob": True,
         "logprob_start_len": int(logprob_start_len),
     }

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from distill_guard.teachers._sglang_wire import parse_score_response
+from distill_guard.teachers._sglang_wire import (
+    check_temperature,
+    parse_score_response,
+    sampling_params,
+)
 from distill_guard.teachers.base import (
     ScoreResult,
     TeacherError,
     TrackedTeacher,
+    check_score_args,
     read_vocab_size,
 )
 from distill_guard.teachers.capabilities import Capabilities, capabilities_for
@@ -64,12 +70,36 @@ class SGLangEngineTeacher(TrackedTeacher):
         except Exception as e:  # the engine's own errors: KeyError on resume, asserts, ...
             raise TeacherError(f"sglang.Engine.{what} raised {type(e).__name__}: {e}") from e
 
-    def _score(self, sequences: list[list[int]], top_k: int, logprob_start_len: int) -> ScoreResult:
+    def score(
+        self,
+        sequences: Sequence[Sequence[int]],
+        *,
+        top_k: int = 0,
+        logprob_start_len: int = 0,
+        temperature: float | None = None,
+    ) -> ScoreResult:
+        """The :class:`~distill_guard.teachers.Teacher` ``score``, plus ``temperature``: passed as
+        ``sampling_params["temperature"]`` (None: 0, as slime and Relax pass it). No released
+        SGLang applies it to input logprobs (``docs/sglang-contract.md`` §1.8); preflight passes
+        it to measure exactly that."""
+        check_temperature(temperature)
+        check_score_args(sequences, top_k, logprob_start_len)
+        self.sleep_state.check_score()
+        seqs = [list(map(int, s)) for s in sequences]
+        return self._score(seqs, top_k, logprob_start_len, temperature)
+
+    def _score(
+        self,
+        sequences: list[list[int]],
+        top_k: int,
+        logprob_start_len: int,
+        temperature: float | None = None,
+    ) -> ScoreResult:
         out = self._call(
             "generate",
             self.engine.generate,
             input_ids=sequences,
-            sampling_params={"temperature": 0, "max_new_tokens": 0, "skip_special_tokens": False},
+            sampling_params=sampling_params(temperature),
             return_logprob=True,
             logprob_start_len=logprob_start_len,
             top_logprobs_num=top_k if top_k > 0 else None,

@@ -5,11 +5,16 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
 
-from distill_guard.teachers._sglang_wire import parse_score_response, score_request
+from distill_guard.teachers._sglang_wire import (
+    check_temperature,
+    parse_score_response,
+    score_request,
+)
 from distill_guard.teachers.base import (
     ScoreResult,
     TeacherError,
@@ -17,6 +22,7 @@ from distill_guard.teachers.base import (
     TeacherStateError,
     TeacherUnreachable,
     TrackedTeacher,
+    check_score_args,
     read_vocab_size,
     redact,
 )
@@ -222,8 +228,32 @@ class SGLangHTTPTeacher(TrackedTeacher):
 
     # -- the Teacher protocol --------------------------------------------------------------
 
-    def _score(self, sequences: list[list[int]], top_k: int, logprob_start_len: int) -> ScoreResult:
-        body = score_request(sequences, top_k, logprob_start_len)
+    def score(
+        self,
+        sequences: Sequence[Sequence[int]],
+        *,
+        top_k: int = 0,
+        logprob_start_len: int = 0,
+        temperature: float | None = None,
+    ) -> ScoreResult:
+        """The :class:`~distill_guard.teachers.Teacher` ``score``, plus ``temperature``: sent as
+        ``sampling_params.temperature`` (None: 0, as slime and Relax send it). No released SGLang
+        applies it to input logprobs (``docs/sglang-contract.md`` §1.8); preflight sends it to
+        measure exactly that."""
+        check_temperature(temperature)
+        check_score_args(sequences, top_k, logprob_start_len)
+        self.sleep_state.check_score()
+        seqs = [list(map(int, s)) for s in sequences]
+        return self._score(seqs, top_k, logprob_start_len, temperature)
+
+    def _score(
+        self,
+        sequences: list[list[int]],
+        top_k: int,
+        logprob_start_len: int,
+        temperature: float | None = None,
+    ) -> ScoreResult:
+        body = score_request(sequences, top_k, logprob_start_len, temperature)
         resp = self._request("POST", "/generate", json=body, idempotent=True)
         return parse_score_response(
             self._json(resp, "/generate"), sequences, top_k, logprob_start_len

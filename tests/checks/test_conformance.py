@@ -26,9 +26,12 @@ from distill_guard.checks import (
     EvalAccuracyCheck,
     JSDCeilingCheck,
     LossShiftCheck,
+    LossSignalCheck,
     NonfiniteMetricsCheck,
     ReverseKLSignatureCheck,
     TeacherCollapseCheck,
+    TokenPairingCheck,
+    TopKTruncationCheck,
     TruncationCheck,
 )
 from distill_guard.findings import Code, Finding, Severity
@@ -90,6 +93,15 @@ PROVOCATIONS: dict[type, Provocation] = {
     EvalAccuracyCheck: lambda: (
         RunSpec(),
         [StepMetrics(i, {"eval_accuracy": a}) for i, a in enumerate([0.4, 0.42, 0.41, 0.0, 0.0])],
+    ),
+    TokenPairingCheck: lambda: (
+        RunSpec(vocab_size=QWEN3_V, student_vocab_size=1000),
+        [TeacherScores(0, topk_ids=torch.full((8, 4), 5000, dtype=torch.long))],
+    ),
+    LossSignalCheck: lambda: (RunSpec(beta=1e-6), [StepMetrics(0, {"loss": 1e-6})]),
+    TopKTruncationCheck: lambda: (
+        RunSpec(),
+        [StepMetrics(i, {"topk_clamp_fraction": 0.9}) for i in range(6)],
     ),
     NonfiniteMetricsCheck: lambda: (
         RunSpec(),

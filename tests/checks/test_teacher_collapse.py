@@ -247,3 +247,24 @@ def test_a_healthy_teacher_with_many_uncertain_positions_is_not_near_uniform():
     assert (
         TeacherCollapseCheck().on_teacher_scores(TeacherScores(0, topk_logprobs=rows), KNOWN) == []
     )
+
+
+def test_one_replica_of_four_serving_garbage_is_a_partial_collapse():
+    """A quarter of the samples from a near-uniform replica: the batch median looks healthy,
+    the per-sample medians are bimodal."""
+    healthy = [spread_rows(32, -0.3, seed=s) for s in range(12)]
+    garbage = [spread_rows(32, -0.66 * LN_QWEN3_V, seed=20 + s) for s in range(4)]
+    rows = torch.cat(healthy + garbage)
+    sample = torch.arange(16).repeat_interleave(32)
+    check = TeacherCollapseCheck()
+    assert check.on_teacher_scores(TeacherScores(0, topk_logprobs=rows), KNOWN) == []
+    (f,) = check.on_teacher_scores(TeacherScores(0, topk_logprobs=rows, sample_index=sample), KNOWN)
+    assert f.code == Code.TEACHER_NEAR_UNIFORM and f.values["sample_fraction"] == 0.25
+    healthy_only = torch.cat(healthy)
+    sample = torch.arange(12).repeat_interleave(32)
+    assert (
+        check.on_teacher_scores(
+            TeacherScores(0, topk_logprobs=healthy_only, sample_index=sample), KNOWN
+        )
+        == []
+    )

@@ -12,6 +12,8 @@ Emulated SGLang behaviour, and where it is a choice:
   Here the release answers 500 and the server stays dead: every later request gets 503.
 - Resume of a tag that is not released raises ``KeyError`` in SGLang: here 400 with that message.
 - ``/generate`` while released is unconfirmed in SGLang; here it answers 400 and scores nothing.
+- ``sampling_params.temperature`` is checked as SGLang checks it (a number, finite, >= 0) and
+  otherwise ignored: input logprobs are at T = 1 whatever it says, as in every SGLang release.
 - ``version`` picks the SGLang release emulated: tags, default tags, ``/server_info`` and ``/model_info``, the checksum.
 """
 

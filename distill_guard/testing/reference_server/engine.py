@@ -8,6 +8,7 @@ The HTTP routes are in :mod:`.app`, the serving in :mod:`.serve`.
 from __future__ import annotations
 
 import hashlib
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -136,6 +137,7 @@ class ReferenceServer:
         for sp in sampling:
             if sp is not None and not isinstance(sp, dict):
                 raise ContractError("sampling_params must be an object or a list of objects")
+            _check_temperature((sp or {}).get("temperature"))
             if (sp or {}).get("max_new_tokens", 128) != 0:
                 raise TeacherError(
                     "the reference server only scores: set sampling_params.max_new_tokens to 0"
@@ -362,6 +364,38 @@ class ReferenceServer:
             "has_image_understanding": False,
             "has_audio_understanding": False,
         }
+
+
+def _check_temperature(value: Any) -> None:
+    """``sampling_params.temperature`` checked as SGLang checks it, and otherwise ignored.
+
+    SGLang refuses a non-number in its contract check (400 ``{"error": "invalid type: ..."}``) and
+    a negative or non-finite one in ``SamplingParams.verify`` (400 ``{"error": {"message": ...}}``).
+    It accepts any other value, and its input (prefill) logprobs are computed at T = 1 whatever
+    the value (``docs/sglang-contract.md`` §1.8): so are this server's, the teacher's own
+    ``log_softmax`` of its logits.
+    """
+    if value is None:  # SGLang reads null as its default, 1.0
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ContractError(f"invalid type: {_unexpected(value)}, expected f64")
+    if not math.isfinite(value) or value < 0:
+        raise TeacherError(f"temperature must be a non-negative finite number, got {float(value)}.")
+
+
+def _unexpected(value: Any) -> str:
+    """How SGLang's contract check names a JSON value of the wrong type (serde's wording)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"boolean `{'true' if value else 'false'}`"
+    if isinstance(value, str):
+        return f'string "{value}"'
+    if isinstance(value, list):
+        return "sequence"
+    if isinstance(value, dict):
+        return "map"
+    return type(value).__name__
 
 
 def _empty() -> torch.Tensor:

@@ -1,0 +1,86 @@
+"""TokenPairingCheck: scores that belong to other tokens, another vocabulary, another position."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from distill_guard.checks import TokenPairingCheck
+from distill_guard.findings import Code, Severity
+from distill_guard.observations import RunSpec, TeacherScores
+
+V = 1000
+G = torch.Generator().manual_seed(0)
+
+
+def batch(samples=8, length=32, k=8, shift=0):
+    """On-policy tokens and a teacher that ranks each position's sampled token among its top-k
+    (most often first). ``shift`` moves the teacher's rows by one position within each sample,
+    as a teacher written at response positions instead of prediction positions."""
+    tokens = torch.randint(0, V, (samples, length), generator=G)
+    ids = torch.randint(0, V, (samples, length, k), generator=G)
+    first = torch.rand(samples, length, generator=G) < 0.7
+    slot = torch.where(first, 0, torch.randint(1, k, (samples, length), generator=G))
+    ids.scatter_(2, slot[..., None], tokens[..., None])
+    if shift:
+        ids = torch.roll(ids, shifts=shift, dims=1)
+    sample = torch.arange(samples)[:, None].expand(samples, length)
+    return tokens.reshape(-1), ids.reshape(-1, k), sample.reshape(-1)
+
+
+SHARED = RunSpec(vocab_size=V)
+
+
+def judge(scores, run=SHARED):
+    return TokenPairingCheck().on_teacher_scores(scores, run)
+
+
+def test_a_paired_batch_is_clean():
+    tokens, ids, sample = batch()
+    top = -torch.rand(tokens.numel(), 8).sort(dim=1, descending=True).values
+    scores = TeacherScores(
+        0,
+        token_logprobs=top[:, 0] - 0.5,
+        topk_logprobs=top,
+        topk_ids=ids,
+        token_ids=tokens,
+        sample_index=sample,
+    )
+    assert judge(scores, RunSpec(vocab_size=V, student_vocab_size=V)) == []
+
+
+@pytest.mark.parametrize("shift", [1, -1])
+def test_logprobs_shifted_by_one_position_are_caught(shift):
+    tokens, ids, sample = batch(shift=shift)
+    (f,) = judge(TeacherScores(3, topk_ids=ids, token_ids=tokens, sample_index=sample))
+    assert f.code == Code.TEACHER_POSITION_SHIFT and f.severity is Severity.CRITICAL
+    assert f.values["shifted_agreement"] > 0.9 > 0.2 > f.values["own_agreement"]
+    assert f.values["lag"] == ("+1" if shift == 1 else "-1")
+
+
+def test_a_teacher_ranking_ids_beyond_the_students_vocabulary_is_caught():
+    """Qwen2.5-7B's 152064 rows against a 151936-id student: padded ids the student lacks."""
+    tokens, ids, _ = batch()
+    ids[::4, 0] = V + 64  # a quarter of the rows rank an id the student does not have first
+    run = RunSpec(vocab_size=V + 128, student_vocab_size=V)
+    (f,) = judge(TeacherScores(0, topk_ids=ids, token_ids=tokens), run)
+    assert f.code == Code.TEACHER_VOCAB_MISMATCH
+    assert f.values["foreign_top1_fraction"] == pytest.approx(0.25)
+    assert judge(TeacherScores(0, topk_ids=ids), RunSpec(vocab_size=V + 128)) == []  # V unknown
+
+
+def test_a_teacher_reading_another_tokenizers_ids_disagrees_with_every_token():
+    n = 256
+    top = torch.sort(-torch.rand(n, 8) * 2, dim=1, descending=True).values
+    mismatched = top[:, 0] - 6 - torch.rand(n) * 4  # the student's token far below first choice
+    (f,) = judge(TeacherScores(1, token_logprobs=mismatched, topk_logprobs=top))
+    assert f.code == Code.TEACHER_TOKENS_MISMATCH and f.values["median_gap"] >= 5
+    matched = top[:, 0] - torch.rand(n) * 2
+    assert judge(TeacherScores(1, token_logprobs=matched, topk_logprobs=top)) == []
+
+
+def test_the_mask_is_applied_to_ids_and_tokens():
+    tokens, ids, sample = batch(shift=1)
+    mask = torch.zeros(tokens.numel(), dtype=torch.bool)
+    scores = TeacherScores(0, topk_ids=ids, token_ids=tokens, sample_index=sample, mask=mask)
+    assert judge(scores) == []  # nothing kept, nothing judged
