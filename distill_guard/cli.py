@@ -200,6 +200,15 @@ def add_live(sub: argparse._SubParsersAction) -> None:
     p = _command(sub, "preflight", cmd_preflight, summary)
     _connection_args(p)
     p.add_argument("--args", dest="launch_args", help="launch command line, quoted")
+    p.add_argument(
+        "--teacher-temperature",
+        type=float,
+        default=None,
+        metavar="T",
+        help="the run's configured teacher temperature (> 0). T != 1 on an SGLang teacher is "
+        "reported: no SGLang release applies it to input logprobs. With --url it is measured "
+        "on the canary (scored at 1, at T, at 1 again)",
+    )
 
     p = sub.add_parser(
         "serve-reference",
@@ -271,22 +280,35 @@ def _print_findings(findings: list[Finding]) -> None:
 
 def cmd_preflight(args: argparse.Namespace) -> int:
     """Check a teacher's configuration only: from a live server's /server_info (--url) or from
-    an SGLang or Relax launch command line (--args)."""
-    from distill_guard.live.preflight import parse_launch_command, preflight_server_args
+    an SGLang or Relax launch command line (--args); with --teacher-temperature, also whether
+    the teacher will score at the run's teacher temperature (measured on the canary with
+    --url)."""
+    from distill_guard.live.preflight import (
+        check_teacher_temperature,
+        parse_launch_command,
+        preflight_server_args,
+        preflight_teacher,
+    )
 
     if bool(args.url) == bool(args.launch_args):
         raise UsageError('preflight needs exactly one of --url URL or --args "..."')
+    try:
+        temperature = check_teacher_temperature(
+            args.teacher_temperature, name="--teacher-temperature"
+        )
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     if args.launch_args:
         try:
             server_args = parse_launch_command(args.launch_args)
         except ValueError as e:
             raise UsageError(f"cannot parse --args: {e}") from None
         source = f"{server_args['launcher']} command line"
+        findings = preflight_server_args(server_args, teacher_temperature=temperature)
     else:
         with _connect(args) as teacher:
-            server_args = teacher.server_info()
+            findings = preflight_teacher(teacher, teacher_temperature=temperature)
         source = args.url
-    findings = preflight_server_args(server_args)
     bad = any(f.severity >= Severity.CRITICAL for f in findings)
     if args.json:
         print(json.dumps({"ok": not bad, "findings": [f.to_dict() for f in findings]}, indent=2))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -266,6 +267,21 @@ def reverse_kl_uniform_gap(reverse_kl: float, student_entropy: float, vocab_size
     return math.log(vocab_size) - (reverse_kl + student_entropy)
 
 
+class ReducedLogits(NamedTuple):
+    """A teacher's full logits reduced to what the guard keeps, at the kept positions."""
+
+    topk: torch.Tensor
+    """``[n, k]`` top-k logprobs, descending."""
+    token: torch.Tensor | None
+    """``[n]`` logprobs of the labels (None without labels)."""
+    topk_ids: torch.Tensor
+    """``[n, k]`` the ids of ``topk``."""
+    token_ids: torch.Tensor | None
+    """``[n]`` the labels (None without labels)."""
+    sample_index: torch.Tensor
+    """``[n]`` the leading-dimension row (the sample) of each kept position."""
+
+
 def teacher_logprobs_from_logits(
     logits: torch.Tensor,
     *,
@@ -274,8 +290,9 @@ def teacher_logprobs_from_logits(
     labels: torch.Tensor | None = None,
     ignore_index: int = -100,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Top-k logprobs ``[n, k]`` (and logprobs of ``labels``, ``[n]``) of the kept positions.
+) -> ReducedLogits:
+    """Top-k logprobs ``[n, k]`` and their ids (and logprobs of ``labels``, ``[n]``) of the kept
+    positions.
 
     ``logits`` is ``[..., V]``; ``mask`` and ``labels`` have its leading shape (positions whose
     label is ``ignore_index`` are dropped). Works in float32 row chunks of ``chunk_rows``, so the
@@ -285,6 +302,7 @@ def teacher_logprobs_from_logits(
         raise ValueError(f"top_k must be >= 1, got {top_k}")
     v = logits.shape[-1]
     z = logits.detach().reshape(-1, v)
+    per_sample = logits.shape[-2] if logits.dim() >= 3 else z.shape[0]
     keep = None if mask is None else mask.detach().reshape(-1).to(device=z.device, dtype=torch.bool)
     lab = None
     if labels is not None:
@@ -295,6 +313,7 @@ def teacher_logprobs_from_logits(
         raise ValueError(f"mask/labels have {keep.numel()} positions for {z.shape[0]} logit rows")
     k = min(top_k, v)
     tops: list[torch.Tensor] = []
+    top_ids: list[torch.Tensor] = []
     toks: list[torch.Tensor] = []
     for a in range(0, z.shape[0], chunk_rows):
         b = min(a + chunk_rows, z.shape[0])
@@ -305,12 +324,20 @@ def teacher_logprobs_from_logits(
             continue
         c = c.float()
         lse = torch.logsumexp(c, dim=-1, keepdim=True)
-        tops.append(c.topk(k, dim=-1).values - lse)
+        best = c.topk(k, dim=-1)
+        tops.append(best.values - lse)
+        top_ids.append(best.indices)
         if lab is not None:
             ids = lab[a:b][keep[a:b]] if keep is not None else lab[a:b]
             toks.append((c.gather(-1, ids.long().unsqueeze(-1)) - lse).squeeze(-1))
-    topk = torch.cat(tops) if tops else z.new_empty((0, k), dtype=torch.float32)
-    token = None
-    if lab is not None:
-        token = torch.cat(toks) if toks else z.new_empty((0,), dtype=torch.float32)
-    return topk, token
+    rows = torch.arange(z.shape[0], device=z.device)
+    rows = rows[keep] if keep is not None else rows
+    return ReducedLogits(
+        topk=torch.cat(tops) if tops else z.new_empty((0, k), dtype=torch.float32),
+        token=(torch.cat(toks) if toks else z.new_empty((0,), dtype=torch.float32))
+        if lab is not None
+        else None,
+        topk_ids=torch.cat(top_ids) if top_ids else z.new_empty((0, k), dtype=torch.long),
+        token_ids=lab[keep].long() if lab is not None and keep is not None else lab,
+        sample_index=rows // per_sample,
+    )

@@ -62,10 +62,9 @@ class TokenPairingCheck(Check):
     def on_teacher_scores(self, scores: TeacherScores, run: RunSpec) -> list[Finding]:
         if not self.enabled:
             return []
-        findings = self._vocabulary(scores, run)
-        findings += self._tokens(scores)
-        findings += self._positions(scores)
-        return findings
+        shifted = self._positions(scores)
+        # a shift also makes the teacher disagree with every token: name the cause, not both
+        return self._vocabulary(scores, run) + (shifted or self._tokens(scores))
 
     def _vocabulary(self, scores: TeacherScores, run: RunSpec) -> list[Finding]:
         ids = kept(scores, scores.topk_ids)
@@ -102,6 +101,8 @@ class TokenPairingCheck(Check):
         top = kept(scores, scores.topk_logprobs)
         if tok is None or top is None or tok.numel() < self.min_positions:
             return []
+        if top.shape[0] != tok.numel():
+            return []  # not the same positions: nothing to pair
         tok, top1 = tok.reshape(-1).float(), top.reshape(tok.numel(), -1).float().amax(dim=1)
         finite = torch.isfinite(tok) & torch.isfinite(top1)
         if int(finite.sum()) < self.min_positions:
@@ -130,6 +131,8 @@ class TokenPairingCheck(Check):
         tokens = kept(scores, scores.token_ids)
         if ids is None or tokens is None or tokens.numel() < self.min_positions:
             return []
+        if ids.shape[0] != tokens.numel():
+            return []  # not the same positions: nothing to pair
         ids = ids.reshape(tokens.numel(), -1)
         tokens = tokens.reshape(-1).to(ids.device)
         sample = kept(scores, scores.sample_index)

@@ -57,6 +57,15 @@ def _logits_of(output: Any) -> torch.Tensor | None:
     return logits if isinstance(logits, torch.Tensor) else None
 
 
+def _joined(parts: list[torch.Tensor], rows: int) -> torch.Tensor | None:
+    """The step's micro-batches as one tensor; None when some micro-batch did not give this
+    view (the positions of the others would not line up with the logprobs)."""
+    if not parts:
+        return None
+    joined = torch.cat(parts)
+    return joined if joined.shape[0] == rows else None
+
+
 def _worst(*decisions: Decision) -> Decision:
     return max(decisions, key=lambda d: (d.action.rank, d.intended.rank if d.intended else -1))
 
@@ -116,6 +125,9 @@ class StepGuard:
         self.skipped_updates = 0
         self._topk: list[torch.Tensor] = []
         self._token: list[torch.Tensor] = []
+        self._ids: list[torch.Tensor] = []
+        self._token_ids: list[torch.Tensor] = []
+        self._samples: list[torch.Tensor] = []
         self._losses: list[torch.Tensor] = []
         self._handles: list[Any] = []
 
@@ -133,7 +145,7 @@ class StepGuard:
         top-k logprobs; nothing of ``[..., V]`` size is kept)."""
         if self.learn_vocab_size and self.guard.run.vocab_size is None and logits.shape[-1] > 1:
             self.guard.run = dataclasses.replace(self.guard.run, vocab_size=int(logits.shape[-1]))
-        topk, token = teacher_logprobs_from_logits(
+        reduced = teacher_logprobs_from_logits(
             logits,
             top_k=self.top_k,
             mask=mask,
@@ -141,7 +153,13 @@ class StepGuard:
             ignore_index=ignore_index,
             chunk_rows=self.chunk_rows,
         )
-        self.observe_teacher_logprobs(topk_logprobs=topk, token_logprobs=token)
+        self.observe_teacher_logprobs(
+            topk_logprobs=reduced.topk,
+            token_logprobs=reduced.token,
+            topk_ids=reduced.topk_ids,
+            token_ids=reduced.token_ids,
+            sample_index=reduced.sample_index,
+        )
 
     def observe_teacher_logprobs(
         self,
@@ -149,16 +167,32 @@ class StepGuard:
         token_logprobs: torch.Tensor | None = None,
         topk_logprobs: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
+        topk_ids: torch.Tensor | None = None,
+        token_ids: torch.Tensor | None = None,
+        sample_index: torch.Tensor | None = None,
     ) -> None:
-        """Record teacher logprobs already reduced: sampled tokens ``[n]`` and/or top-k ``[n, k]``."""
+        """Record teacher logprobs already reduced: sampled tokens ``[n]`` and/or top-k ``[n, k]``,
+        with (optionally) the top-k ids, the sampled token ids and each position's sample, which
+        the pairing checks need (a tokenizer mismatch, a shift by one position)."""
         if mask is not None:
             m = mask.detach().reshape(-1).to(torch.bool)
             token_logprobs = token_logprobs.reshape(-1)[m] if token_logprobs is not None else None
+            token_ids = token_ids.reshape(-1)[m] if token_ids is not None else None
+            sample_index = sample_index.reshape(-1)[m] if sample_index is not None else None
             topk_logprobs = (
                 topk_logprobs.reshape(-1, topk_logprobs.shape[-1])[m]
                 if topk_logprobs is not None
                 else None
             )
+            topk_ids = topk_ids.reshape(-1, topk_ids.shape[-1])[m] if topk_ids is not None else None
+        if topk_ids is not None:
+            self._ids.append(topk_ids.detach().reshape(-1, topk_ids.shape[-1]))
+        if token_ids is not None:
+            self._token_ids.append(token_ids.detach().reshape(-1))
+        if sample_index is not None:
+            # samples of later micro-batches are new samples: number them after this step's last
+            offset = int(self._samples[-1].max()) + 1 if self._samples else 0
+            self._samples.append(sample_index.detach().reshape(-1) + offset)
         if topk_logprobs is not None:
             if self._topk and self._topk[0].shape[-1] != topk_logprobs.shape[-1]:
                 raise ValueError(
@@ -232,11 +266,24 @@ class StepGuard:
         False after a critical finding (the step would train on a dead teacher or a NaN loss), a
         rewake (the scores were taken before the repair), or a halt.
         """
-        topk = torch.cat(self._topk) if self._topk else None
-        token = torch.cat(self._token) if self._token else None
+        topk, token, ids, token_ids, samples = (
+            _joined(self._topk, topk_len := sum(t.shape[0] for t in self._topk)),
+            _joined(self._token, sum(t.shape[0] for t in self._token)),
+            _joined(self._ids, topk_len),
+            _joined(self._token_ids, sum(t.shape[0] for t in self._token)),
+            _joined(self._samples, topk_len),
+        )
         losses = torch.stack(self._losses) if self._losses else None
         self._topk, self._token, self._losses = [], [], []
-        decision = self.guard.on_teacher_scores(step, token_logprobs=token, topk_logprobs=topk)
+        self._ids, self._token_ids, self._samples = [], [], []
+        decision = self.guard.on_teacher_scores(
+            step,
+            token_logprobs=token,
+            topk_logprobs=topk,
+            topk_ids=ids,
+            token_ids=token_ids,
+            sample_index=samples,
+        )
         if self.loss_before_update:
             metrics: dict[str, float] = {}
             if losses is not None:

@@ -22,10 +22,28 @@ from distill_guard.live.canary import Canary, teacher_error_finding
 from distill_guard.teachers.base import ScoreResult, TeacherError
 
 IN_PROCESS_FIX = (
-    "Something wrote into the teacher module's weights (an optimizer or a shared module holding "
-    "its parameters, a failed load, a device fault). The guard skips the updates that would use "
-    "the changed teacher; reload its weights from its checkpoint, or stop and find the writer."
+    "Something wrote into the teacher module's weights: an optimizer or a shared module holding "
+    "its parameters, an EMA update with its rate inverted (a teacher keeping a few % of itself "
+    "per step becomes a copy of the student), a failed load, a device fault. The guard skips "
+    "the updates that would use the changed teacher; reload its weights from its checkpoint, or "
+    "stop and find the writer."
 )
+WORDING = (
+    ("the fingerprint taken before sleep", "the teacher's previous clean step"),
+    (
+        "The weights changed across sleep and wake (garbage or partly lost weights, e.g. RoPE "
+        "buffers).",
+        "The teacher moved more in one step than its canary tolerance allows.",
+    ),
+    (FIX, IN_PROCESS_FIX),
+)
+"""The wake canary's words, said of a teacher that never sleeps."""
+
+
+def in_process(message: str) -> str:
+    for wake, here in WORDING:
+        message = message.replace(wake, here)
+    return message
 
 
 class ModuleScorer:
@@ -106,9 +124,7 @@ class ModuleCanary:
         findings = self.canary.judge(measured, teacher=self.scorer)  # type: ignore[arg-type]
         if not findings:
             self.canary.accept(measured)
-        return [
-            dataclasses.replace(f, message=f.message.replace(FIX, IN_PROCESS_FIX)) for f in findings
-        ]
+        return [dataclasses.replace(f, message=in_process(f.message)) for f in findings]
 
     def state_dict(self) -> dict[str, Any]:
         return self.canary.state_dict()

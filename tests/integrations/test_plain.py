@@ -81,14 +81,34 @@ def test_topk_from_logits_is_chunked_and_exact():
     mask = torch.rand(3, 7, generator=g) > 0.3
     labels = torch.randint(0, 50, (3, 7), generator=g)
     labels[0, 0] = -100
-    topk, tok = teacher_logprobs_from_logits(
-        logits, top_k=5, mask=mask, labels=labels, chunk_rows=2
-    )
+    reduced = teacher_logprobs_from_logits(logits, top_k=5, mask=mask, labels=labels, chunk_rows=2)
+    topk, tok = reduced.topk, reduced.token
     keep = mask.reshape(-1) & (labels.reshape(-1) != -100)
     lp = torch.log_softmax(logits.reshape(-1, 50), -1)[keep]
     assert torch.allclose(topk, lp.topk(5, -1).values, atol=1e-5)
     assert torch.allclose(tok, lp.gather(-1, labels.reshape(-1)[keep, None]).squeeze(-1), atol=1e-5)
     assert topk.dtype == torch.float32 and topk.shape == (int(keep.sum()), 5)
+    assert torch.equal(reduced.topk_ids, lp.topk(5, -1).indices)
+    assert torch.equal(reduced.token_ids, labels.reshape(-1)[keep])
+    assert torch.equal(reduced.sample_index, torch.arange(21).div(7, rounding_mode="floor")[keep])
+
+
+def test_a_loss_taken_on_teacher_logits_shifted_by_one_is_caught_before_the_update():
+    """The in-process form of AReaL PR #1729: the user's loss pairs row t of the teacher with
+    token t+1. Handing the guard the logits and labels the loss uses shows the shift."""
+    teacher = tiny_qwen3(vocab=VOCAB)
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, VOCAB, (8, 24), generator=g)
+    with torch.no_grad():
+        logits = teacher(input_ids=ids).logits
+    # on-policy tokens: what the teacher itself would sample, so a matched pairing agrees
+    sampled = torch.distributions.Categorical(logits=logits[:, :-1]).sample()
+    sg = StepGuard("default", ["alerts.use_wandb=false"])
+    sg.observe_teacher_logits(logits[:, :-1], labels=sampled)  # row t predicts token t
+    assert sg.before_update(0) is True
+    sg.observe_teacher_logits(logits[:, 1:], labels=sampled)  # off by one
+    assert sg.before_update(1) is False
+    assert sg.guard.summary.first == {"teacher.position_shift": 1}
 
 
 def test_vocab_learnt_from_logits_and_uniform_caught():
@@ -202,3 +222,46 @@ def test_a_healthy_plain_run_with_the_canary_says_nothing(tmp_path):
     sg, ledger = plain_run(tmp_path)
     assert sg.guard.summary.count == {} and not sg.halted
     assert all(ledger.changed.values())
+
+
+def ema_run(rate: float, steps: int = 8):
+    """Self-distillation with an EMA teacher: teacher ← (1 − rate)·teacher + rate·student."""
+    teacher = tiny_qwen3()
+    student = student_of(teacher, noise=0.1)
+    optimizer = torch.optim.AdamW(student.parameters(), lr=1e-3)
+    sg = StepGuard("default", ["alerts.use_wandb=false"], teacher=teacher)
+    rows = token_rows(4 * steps)
+    losses = []
+    for step in range(steps):
+        batch = {k: torch.tensor([r[k] for r in rows[4 * step : 4 * step + 4]]) for k in rows[0]}
+        with torch.no_grad():
+            t_logits = teacher(**batch).logits
+        sg.observe_teacher_logits(t_logits, mask=batch["attention_mask"])
+        loss = jsd(student(**batch).logits, t_logits, batch["attention_mask"])
+        loss.backward()
+        losses.append(loss.item())
+        sg.optimizer_step(optimizer, step)
+        with torch.no_grad():
+            for pt, ps in zip(teacher.parameters(), student.parameters()):
+                pt.mul_(1 - rate).add_(ps, alpha=rate)
+        if sg.halted:
+            break
+    return sg, losses
+
+
+def test_an_ema_teacher_updated_the_wrong_way_is_caught_at_its_first_move():
+    """trl PR #4935: the rate inverted, the teacher keeps 5 % of itself per step and becomes a
+    copy of the student; the loss 'converges' to 0 at once (0.19 → 0.004 → 0 here). The canary
+    sees the teacher move 1.4 nats in one step against a 0.1 tolerance."""
+    sg, losses = ema_run(rate=0.95)
+    assert losses[1] < 0.05 * losses[0]  # the damage: the teacher is now the student
+    assert sg.guard.summary.first == {"teacher.fingerprint_mismatch": 1}
+    assert sg.skipped_updates == 3 and sg.halted  # no update on the copy, then halt
+    finding_message = sg.guard.halt.message
+    assert "3 consecutive steps" in finding_message
+
+
+def test_an_ema_teacher_at_its_configured_rate_stays_clean():
+    sg, losses = ema_run(rate=0.05)
+    assert sg.guard.summary.count == {} and sg.skipped_updates == 0
+    assert min(losses) > 0.05
