@@ -27,8 +27,9 @@ from distill_guard.teachers.capabilities import parse_version
 if TYPE_CHECKING:
     from distill_guard.live.canary import Canary
 
-CONFIG_TEACHER_TEMPERATURE_IGNORED = "config.teacher_temperature_ignored"
-"""The run's teacher temperature is not the one the teacher scores at (``findings.Code`` to be)."""
+CONFIG_TEACHER_TEMPERATURE_IGNORED = Code.CONFIG_TEACHER_TEMPERATURE_IGNORED
+"""``config.teacher_temperature_ignored``: the run's teacher temperature is not the one the
+teacher scores at."""
 
 TEMPERATURE_IGNORED_ATOL = 1e-6
 """Canary logprobs requested at T and at 1 that agree within this (nats), or within the noise of
@@ -452,7 +453,7 @@ def preflight_teacher_temperature(
     ``sampling_params.temperature`` to input logprobs (``docs/sglang-contract.md`` §1.8). A
     teacher that is neither SGLang nor measurable is not judged."""
     t = check_teacher_temperature(teacher_temperature)
-    if t is None or t == 1.0:
+    if t is None or math.isclose(t, 1.0, rel_tol=0.0, abs_tol=1e-9):
         return []
     is_sglang, version, where = _sglang_identity(server_args)
     measured = measure_temperature(teacher, t, canary) if teacher is not None else None
