@@ -47,9 +47,11 @@ class TeacherCollapseCheck(Check):
     uniform (a teacher with noise weights measured −7.86 at V = 151936). A healthy teacher's
     median top-1 is above −2 nats."""
     min_sample_fraction: float = 0.05
-    """With ``sample_index``: flag when at least this fraction of samples has a median top-1 at
-    or below the near-uniform bound. One replica or tensor-parallel rank of several serving
-    garbage leaves a bimodal batch whose overall median looks healthy (1 of 4 is 25 %)."""
+    """With ``sample_index``: flag when at least this fraction of samples is near uniform
+    throughout: even the upper quartile of its top-1 logprobs (its most confident quarter of
+    positions) is at or below the near-uniform bound. One replica or tensor-parallel rank of
+    several serving garbage leaves a bimodal batch whose overall median looks healthy (1 of 4
+    is 25 %); a healthy sample with many uncertain positions still has confident ones."""
     min_token_fraction: float = 0.05
     """Sampled-token input: flag when at least this fraction of tokens sits at −ln V."""
     mean_atol: float = 1e-3
@@ -253,8 +255,8 @@ class TeacherCollapseCheck(Check):
             return []
         bound = -self.near_uniform_fraction * run.log_vocab
         ids = sample.unique()
-        medians = torch.stack([top1[sample == i].double().median() for i in ids])
-        bad = int((medians <= bound).sum())
+        upper = torch.stack([top1[sample == i].double().quantile(0.75) for i in ids])
+        bad = int((upper <= bound).sum())
         frac = bad / ids.numel()
         if frac < self.min_sample_fraction:
             return []
@@ -263,7 +265,8 @@ class TeacherCollapseCheck(Check):
                 Code.TEACHER_NEAR_UNIFORM,
                 Severity.CRITICAL,
                 f"{bad} of {ids.numel()} samples ({frac:.0%}; bound {self.min_sample_fraction:.0%}) "
-                f"have a median teacher top-1 logprob at or below {bound:.3f} = "
+                f"have even their most confident quarter of teacher top-1 logprobs at or below "
+                f"{bound:.3f} = "
                 f"{self.near_uniform_fraction:g} × (−ln V), while the batch as a whole looks "
                 "healthy: part of the teacher (one replica, one tensor-parallel rank) is serving "
                 f"a near-uniform distribution. Find and restart that part. {FIX}",
