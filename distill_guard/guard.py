@@ -427,7 +427,11 @@ class DistillGuard:
                 message=f"halt: teacher repair failed after {outcome.attempts} attempt(s) "
                 f"({decision.message})",
             )
-        self.policy.resolved(decision.step)
+        if stage == "wake":
+            # the canary found the fault and the canary passes now: resolved. A fault found in
+            # the scores is not proved gone by a canary that passes (one replica of several, a
+            # scoring path the canary does not take): its steps keep counting toward the halt.
+            self.policy.resolved(decision.step)
         return dataclasses.replace(
             decision,
             reasons=(*decision.reasons, notice) if notice is not None else decision.reasons,

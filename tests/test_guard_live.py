@@ -124,3 +124,24 @@ def test_build_guard_attaches_the_configured_canary(model_dir):
     guard = build_guard(cfg, teacher=teacher)
     assert isinstance(guard.canary, Canary) and guard.canary.length == 16
     assert _cycle(guard, teacher, 0).action is Action.REWAKE and guard.repairs == 1
+
+
+def test_a_repair_that_does_not_fix_the_scores_counts_toward_the_halt(model_dir):
+    """One replica of several serving garbage: the guard's teacher passes its canary after each
+    reload, yet the next batch's scores are near uniform again. A verified repair used to reset
+    the count, so the run reloaded a healthy teacher at every step and never halted."""
+    teacher = _teacher(model_dir, enable_cpu_backup=True)
+    guard = DistillGuard(teacher=teacher, canary=Canary(), repair_backoff_s=0)
+    v = guard.run.vocab_size
+    garbage_rows = (
+        torch.full((16, 4), -0.7 * torch.log(torch.tensor(float(v)))) - torch.arange(4) * 0.01
+    )
+    actions = []
+    for step in range(5):
+        _cycle(guard, teacher, step)
+        decision = guard.on_teacher_scores(step, topk_logprobs=garbage_rows)
+        actions.append(decision.action)
+        if guard.halted:
+            break
+    assert actions == [Action.REWAKE, Action.REWAKE, Action.HALT]
+    assert guard.repairs == 2 and guard.halt.codes == (Code.TEACHER_NEAR_UNIFORM,)

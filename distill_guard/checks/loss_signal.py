@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 from distill_guard.checks.base import Check
 from distill_guard.checks.robust import Reference
 from distill_guard.findings import Code, Finding, Severity
-from distill_guard.observations import LossKind, Metric, RunSpec, StepMetrics
+from distill_guard.observations import LossKind, Metric, RunSpec, StepMetrics, TeacherScores
 from distill_guard.signals import jsd_ceiling
 
 
@@ -40,6 +40,10 @@ class LossSignalCheck(Check):
         self._said_beta = False
         self._warmup = Reference(self.warmup_steps)
         self._judged = False
+
+    def on_teacher_scores(self, scores: TeacherScores, run: RunSpec) -> list[Finding]:
+        """β is known before the first update: say it there, where a host can still act."""
+        return self._beta(scores.step, run) if self.enabled else []
 
     def on_step_metrics(self, metrics: StepMetrics, run: RunSpec) -> list[Finding]:
         if not self.enabled:

@@ -56,8 +56,10 @@ class TokenPairingCheck(Check):
     min_positions: int = 32
     """Positions needed before the tokens and position tests judge (a few tokens prove nothing)."""
     shift_margin: float = 0.2
-    """Position: flag when the teacher's top-k holds the sampled token of a neighbouring
-    position more often than its own, by at least this much (a fraction of positions)."""
+    """Position: flag when the teacher's first choice is the sampled token of a neighbouring
+    position more often than its own, by at least this much (a fraction of positions). The
+    first choice, not the top-k: where answers use a handful of tokens (A–D, a closing tag),
+    all of them sit in every top-16 and membership tells nothing."""
 
     def on_teacher_scores(self, scores: TeacherScores, run: RunSpec) -> list[Finding]:
         if not self.enabled:
@@ -141,10 +143,11 @@ class TokenPairingCheck(Check):
             if sample is not None
             else torch.ones(tokens.numel() - 1, dtype=torch.bool, device=ids.device)
         )
-        own = (ids == tokens[:, None]).any(dim=1).float().mean()
+        first = ids[:, 0]
+        own = (first == tokens).float().mean()
         # row t holding the teacher's view of token t-1 (lag +1) or of token t+1 (lag -1)
-        behind = (ids[1:] == tokens[:-1, None]).any(dim=1)[same].float()
-        ahead = (ids[:-1] == tokens[1:, None]).any(dim=1)[same].float()
+        behind = (first[1:] == tokens[:-1])[same].float()
+        ahead = (first[:-1] == tokens[1:])[same].float()
         if behind.numel() < self.min_positions:
             return []
         lags = {"+1": float(behind.mean()), "-1": float(ahead.mean())}
@@ -156,7 +159,7 @@ class TokenPairingCheck(Check):
             Finding(
                 Code.TEACHER_POSITION_SHIFT,
                 Severity.CRITICAL,
-                f"The teacher's top-k holds the sampled token of the position {lag} away at "
+                f"The teacher's first choice is the sampled token of the position {lag} away at "
                 f"{best:.0%} of positions but its own position's token at only {own:.0%} "
                 f"(bound: {self.shift_margin:.0%} more): the teacher's logprobs are shifted by "
                 "one position against the student's tokens (written at response positions "

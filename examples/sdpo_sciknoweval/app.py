@@ -6,7 +6,12 @@ sleep and woken every step through the ``Teacher`` protocol. Writes ``summary.js
 ``timeline.png``, one event file and one wandb run (offline by default) per arm under
 ``out_dir`` and prints the verdict. Configs: ``conf/sdpo_sciknoweval.yaml``.
 
-Run: ``python -m examples.sdpo_sciknoweval.app [arm.steps=30] [teacher=reference_server] ...``
+``fault=<name>`` (:mod:`examples.sdpo_sciknoweval.faults`) swaps the weight loss for another
+reproducible failure: every teacher keeps its weights, ``healthy`` runs without the fault,
+``unguarded`` and ``guarded`` with it.
+
+Run: ``python -m examples.sdpo_sciknoweval.app [fault=off_by_one] [arm.steps=30]
+[teacher=reference_server] ...``
 """
 
 from __future__ import annotations
@@ -28,6 +33,12 @@ from omegaconf import DictConfig, OmegaConf
 from distill_guard.teachers import SGLangHTTPTeacher, Teacher, TorchTeacher
 from examples.sdpo_sciknoweval.arms import ARMS, ArmSpec, make_guard, run_guarded_arm
 from examples.sdpo_sciknoweval.data import DataConfig, build_dataset
+from examples.sdpo_sciknoweval.faults import (
+    BETA_AT_END,
+    FaultyScorer,
+    check_fault,
+    garbage_replica,
+)
 from examples.sdpo_sciknoweval.models import load_model
 from examples.sdpo_sciknoweval.pretrain import PretrainConfig, pretrain
 from examples.sdpo_sciknoweval.run_arm import ArmConfig
@@ -78,16 +89,33 @@ def open_wandb(cfg: DictConfig, arm: str, out: Path) -> Any:
     )
 
 
+def _preset_chosen(arm: str) -> str | None:
+    """The guard preset Hydra composed for ``arm``, when run as the Hydra app."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    return HydraConfig.get().runtime.choices.get(f"guard@guards.{arm}")
+
+
 def run_one_arm(cfg: DictConfig, name: str, ctx: dict[str, Any]) -> tuple[dict, Any]:
     """One arm end to end: its teacher, guard and wandb run; its summary and trace."""
-    spec = ArmSpec.named(name)
+    spec = ArmSpec.named(name, ctx["fault"])
+    preset = _preset_chosen(name)
+    if preset is not None and preset != spec.preset:  # guard@guards.<arm>=... on the command line
+        spec = dataclasses.replace(spec, preset=preset)
     out, arm_cfg = ctx["out"], ctx["arm_cfg"]
+    guard_cfg = cfg.guards[name]
+    if spec.fault == "beta_end":  # the run is configured with it: the loss and the guard's spec
+        arm_cfg = dataclasses.replace(arm_cfg, beta=BETA_AT_END)
+        guard_cfg = OmegaConf.merge(guard_cfg, {"run": {"beta": BETA_AT_END}})
     start = time.perf_counter()
     log.info(
-        "arm %s: teacher backup %s, guard %s, %d steps",
+        "arm %s: teacher backup %s, guard %s, fault %s, %d steps",
         name,
         spec.backup,
         spec.preset,
+        spec.fault,
         arm_cfg.steps,
     )
     wandb_run = open_wandb(cfg, name, out)
@@ -108,7 +136,15 @@ def run_one_arm(cfg: DictConfig, name: str, ctx: dict[str, Any]) -> tuple[dict, 
             )
 
     with open_teacher(cfg, ctx["teacher_dir"], spec.backup) as teacher:
-        guard = make_guard(cfg.guards[name], teacher, out / f"events_{name}.jsonl", wandb_run)
+        guard = make_guard(guard_cfg, teacher, out / f"events_{name}.jsonl", wandb_run)
+        replica = garbage_replica(ctx["teacher_dir"], cfg.seed) if spec.fault == "partial" else None
+        scorer = FaultyScorer(
+            spec.fault,
+            teacher,
+            vocab_size=ctx["tokenizer"].vocab_size,
+            replica=replica,
+            seed=cfg.seed,
+        )
         trace = run_guarded_arm(
             spec,
             teacher,
@@ -120,6 +156,7 @@ def run_one_arm(cfg: DictConfig, name: str, ctx: dict[str, Any]) -> tuple[dict, 
             guard,
             on_record,
             out / f"halt_{name}",
+            scorer,
         )
         summary = arm_summary(spec, trace, guard.halted)
     summary["seconds"] = round(time.perf_counter() - start, 1)
@@ -130,6 +167,7 @@ def run_one_arm(cfg: DictConfig, name: str, ctx: dict[str, Any]) -> tuple[dict, 
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
+    fault = check_fault(cfg.fault)
     transformers.utils.logging.disable_progress_bar()
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
@@ -148,6 +186,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     log.info("pretraining done in %.0f s", time.perf_counter() - start)
     train, eval_items = build_dataset(data_cfg)
     ctx = {
+        "fault": fault,
         "out": out,
         "teacher_dir": teacher_dir,
         "student_dir": student_dir,
@@ -159,10 +198,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     summaries, traces = {}, {}
     for name in cfg.arms:
         summaries[name], traces[name] = run_one_arm(cfg, name, ctx)
-    result = {"arms": summaries, "seconds": round(time.perf_counter() - start, 1)}
+    result = {"fault": fault, "arms": summaries, "seconds": round(time.perf_counter() - start, 1)}
     (out / "summary.json").write_text(json.dumps(result, indent=1))
-    plot_timeline(traces, out / "timeline.png")
-    print(format_table(summaries))
+    plot_timeline(traces, out / "timeline.png", fault)
+    print(format_table(summaries, fault))
     print(
         f"\nwritten: {out / 'summary.json'}, {out / 'timeline.png'}, events_<arm>.jsonl "
         f"({result['seconds']:.0f} s)"
@@ -175,6 +214,7 @@ def main(cfg: DictConfig) -> None:
     unknown = sorted(set(cfg.arms) - set(ARMS))
     if unknown:
         raise ValueError(f"unknown arm(s) {unknown}; arms are {', '.join(ARMS)}")
+    check_fault(cfg.fault)
     run(cfg)
 
 

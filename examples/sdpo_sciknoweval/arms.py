@@ -6,6 +6,10 @@
 - ``guarded``: no backup, the guard acts (``default`` preset): the canary after each wake sees the
   dead teacher and the guard reloads and verifies it before it scores anything.
 
+With a fault (``fault=<name>``, :mod:`examples.sdpo_sciknoweval.faults`) the fault replaces the
+weight loss: every arm keeps its teacher's weights, ``healthy`` runs without the fault,
+``unguarded`` (``monitor_only``) and ``guarded`` (``default``) with it.
+
 The loop is the one a colocated trainer runs (``docs/architecture.md``); the guard owns the
 teacher's sleep and wake::
 
@@ -28,6 +32,7 @@ from distill_guard.alerts import Alerter
 from distill_guard.config import build_guard
 from distill_guard.observations import Metric
 from distill_guard.teachers import Teacher
+from examples.sdpo_sciknoweval.faults import FaultyScorer, check_fault
 from examples.sdpo_sciknoweval.run_arm import ArmConfig, run_arm
 
 ARMS = ("healthy", "unguarded", "guarded")
@@ -42,14 +47,24 @@ class ArmSpec:
     """The teacher's weights CPU backup (SGLang ``--enable-weights-cpu-backup``)."""
     preset: str
     """The guard preset the demo's config gives this arm (``conf/sdpo_sciknoweval.yaml``)."""
+    fault: str = "none"
+    """The fault this arm runs with (``faults.FAULTS``)."""
 
     @classmethod
-    def named(cls, name: str) -> ArmSpec:
-        specs = {
-            "healthy": cls("healthy", backup=True, preset="monitor_only"),
-            "unguarded": cls("unguarded", backup=False, preset="monitor_only"),
-            "guarded": cls("guarded", backup=False, preset="default"),
-        }
+    def named(cls, name: str, fault: str = "none") -> ArmSpec:
+        check_fault(fault)
+        if fault == "none":
+            specs = {
+                "healthy": cls("healthy", backup=True, preset="monitor_only"),
+                "unguarded": cls("unguarded", backup=False, preset="monitor_only"),
+                "guarded": cls("guarded", backup=False, preset="default"),
+            }
+        else:  # the fault replaces the weight loss: every teacher keeps its weights
+            specs = {
+                "healthy": cls("healthy", backup=True, preset="monitor_only"),
+                "unguarded": cls("unguarded", backup=True, preset="monitor_only", fault=fault),
+                "guarded": cls("guarded", backup=True, preset="default", fault=fault),
+            }
         if name not in specs:
             raise ValueError(f"unknown arm {name!r}; arms are {', '.join(ARMS)}")
         return specs[name]
@@ -63,8 +78,10 @@ class ArmTrace:
     uniform_rows: int = 0
     scored_rows: int = 0
     poisoned_updates: int = 0
-    """Optimizer steps applied while the teacher that scored the batch had lost its weights."""
+    """Optimizer steps applied while the teacher that scored the batch had lost its weights, or
+    on a batch the arm's fault corrupted (its teacher scores, or with ``beta_end`` its loss)."""
     first_finding: dict | None = None
+    halted: bool = False
 
 
 def teacher_is_dead(teacher: Teacher) -> bool:
@@ -96,14 +113,20 @@ def run_guarded_arm(
     guard: DistillGuard,
     on_record: Callable[[dict], None],
     checkpoint_dir: Path,
+    scorer: FaultyScorer | None = None,
 ) -> ArmTrace:
     """One arm: the student trains on the teacher's scores; the guard sees every stage.
 
-    A halt stops the arm after saving the student to ``checkpoint_dir`` (the event file says why).
+    ``scorer`` stands between the teacher and the trainer under a fault (``spec.fault``); every
+    update under the fault is counted as poisoned. A halt stops the arm after saving the student
+    to ``checkpoint_dir`` (the event file says why).
     """
     trace = ArmTrace()
     uniform = -math.log(teacher.vocab_size)
     dead_when_scored = False
+    faulted = spec.fault != "none"
+    if scorer is None:
+        scorer = FaultyScorer("none", teacher)
 
     def note() -> None:
         if trace.first_finding is None and guard.summary.first:
@@ -119,16 +142,16 @@ def run_guarded_arm(
         dead_when_scored = teacher_is_dead(teacher)
 
     def score(seqs: list[list[int]], top_k: int, start: int):
-        result = teacher.score(seqs, top_k=top_k, logprob_start_len=start)
-        return result.topk_ids, result.topk_logprobs
+        result = scorer(seqs, top_k, start)
+        return result.topk_ids, result.topk_logprobs, result.token_logprobs
 
-    def check(step: int, top: torch.Tensor, tokens: torch.Tensor | None) -> bool:
+    def check(step: int, top: torch.Tensor, tokens: torch.Tensor | None, **ids: Any) -> bool:
         trace.scored_rows += top.shape[0]
         trace.uniform_rows += int(((top[:, 0] - uniform).abs() <= 1e-3).sum())
-        decision = guard.on_teacher_scores(step, token_logprobs=tokens, topk_logprobs=top)
+        decision = guard.on_teacher_scores(step, token_logprobs=tokens, topk_logprobs=top, **ids)
         note()
         apply = not decision.acts
-        trace.poisoned_updates += int(apply and dead_when_scored)
+        trace.poisoned_updates += int(apply and (dead_when_scored or faulted))
         return apply
 
     def sleep(step: int) -> None:
@@ -154,4 +177,5 @@ def run_guarded_arm(
         if teacher.asleep:
             teacher.resume()
         guard.close()
+    trace.halted = guard.halted
     return trace

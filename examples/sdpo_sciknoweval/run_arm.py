@@ -35,10 +35,15 @@ from examples.sdpo_sciknoweval.opd import (
 from examples.sdpo_sciknoweval.pretrain import PretrainConfig, load_pretrained
 from examples.sdpo_sciknoweval.tokenizer import WordTokenizer, build_tokenizer
 
-Scorer = Callable[[list[list[int]], int, int], tuple[list[torch.Tensor], list[torch.Tensor]]]
-Check = Callable[[int, torch.Tensor, torch.Tensor], bool]
-"""``check(step, teacher_top16_logprobs [N, k], teacher_token_logprobs [N])`` after scoring and
-before the update: False drops this batch's update (a guard's skip_batch / rewake)."""
+Scorer = Callable[[list[list[int]], int, int], tuple[list[torch.Tensor], ...]]
+"""``score(sequences, top_k, logprob_start_len)`` → per sequence ``[n, top_k]`` top-k ids and
+log-probs, optionally followed by ``[n]`` log-probs of the tokens there (``ScoreResult`` order:
+``topk_ids, topk_logprobs[, token_logprobs]``)."""
+Check = Callable[..., bool]
+"""``check(step, teacher_top16_logprobs [N, k], teacher_token_logprobs [N] or None, *,
+topk_ids [N, k], token_ids [N], sample_index [N])`` after scoring and before the update, over the
+response positions in sequence order within each sample: False drops this batch's update (a
+guard's skip_batch / rewake)."""
 
 
 @dataclass(frozen=True)
@@ -110,21 +115,25 @@ def zero_weights(model: PreTrainedModel) -> None:
 
 def _teacher_rows(
     score: Scorer, prompts: list[list[int]], responses: list[list[int]], top_k: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Teacher ids and log-probs for every response token, padded to ``[B, T, top_k]``.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Teacher ids and log-probs for every response token, padded to ``[B, T, top_k]``, and the
+    ``[B, T]`` log-probs of the tokens there when the scorer gives them (else None).
 
     One call scores the whole batch from the shortest prompt on; each row keeps its last
     ``len(response)`` entries, so the scorer may or may not include SGLang's null entry 0.
     """
     seqs = [p + r for p, r in zip(prompts, responses)]
-    ids, lps = score(seqs, top_k, min(len(p) for p in prompts) - 1)
+    ids, lps, *rest = score(seqs, top_k, min(len(p) for p in prompts) - 1)
     t_max = max(len(r) for r in responses)
     out_ids = torch.zeros(len(seqs), t_max, top_k, dtype=torch.long)
     out_lps = torch.zeros(len(seqs), t_max, top_k)
+    out_tok = torch.zeros(len(seqs), t_max) if rest and rest[0] is not None else None
     for b, r in enumerate(responses):
         out_ids[b, : len(r)] = ids[b][-len(r) :]
         out_lps[b, : len(r)] = lps[b][-len(r) :].float()
-    return out_ids, out_lps
+        if out_tok is not None:
+            out_tok[b, : len(r)] = rest[0][b][-len(r) :].float()
+    return out_ids, out_lps, out_tok
 
 
 def opd_step(
@@ -144,13 +153,15 @@ def opd_step(
     rollout = sample_responses(student, prompts, cfg.max_new_tokens, cfg.temperature, generator)
     full = cfg.token_selection == "student_topk"
     k_request = student.config.vocab_size if full else cfg.top_k
-    t_ids, t_lps = _teacher_rows(score, prompts, rollout.responses, k_request)
+    t_ids, t_lps, t_tok = _teacher_rows(score, prompts, rollout.responses, k_request)
     logits, mask = response_logits(student, prompts, rollout.responses)
     sampled = torch.tensor([r + [0] * (mask.shape[1] - len(r)) for r in rollout.responses])
     if full:
         dense = torch.zeros_like(t_lps).scatter_(-1, t_ids, t_lps)
         ids = logits.detach().topk(cfg.top_k, dim=-1).indices
-        token_lps = dense.gather(-1, sampled[..., None]).squeeze(-1)
+        # The teacher's own token log-probs when it gives them (SGLang's input_token_logprobs:
+        # the same numbers on a healthy teacher, and what a fault between the two alters).
+        token_lps = t_tok if t_tok is not None else dense.gather(-1, sampled[..., None]).squeeze(-1)
         lps = dense.gather(-1, ids)
         teacher_logprob = token_lps[mask].mean()
     else:
@@ -160,7 +171,15 @@ def opd_step(
     trained = True
     if check is not None:
         top = t_lps[..., : cfg.top_k][mask]
-        trained = check(step, top, token_lps[mask] if token_lps is not None else None)
+        sample = torch.arange(len(items))[:, None].expand_as(mask)
+        trained = check(
+            step,
+            top,
+            token_lps[mask] if token_lps is not None else None,
+            topk_ids=t_ids[..., : cfg.top_k][mask],
+            token_ids=sampled[mask],
+            sample_index=sample[mask],
+        )
     _, loss = jsd_topk_tail_loss(logits[mask], ids[mask], lps[mask], cfg.beta)
     optimizer.zero_grad()
     if trained:

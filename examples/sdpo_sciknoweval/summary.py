@@ -6,12 +6,14 @@ import os
 from typing import Any
 
 from examples.sdpo_sciknoweval.arms import ArmSpec, ArmTrace
+from examples.sdpo_sciknoweval.faults import FAULTS
 
 
 def arm_summary(spec: ArmSpec, trace: ArmTrace, halted: bool) -> dict[str, Any]:
     """The per-arm record of ``summary.json`` (keys fixed by the issue)."""
     trained = [r for r in trace.records if "loss" in r]
     return {
+        "fault": spec.fault,
         "teacher_cpu_backup": spec.backup,
         "guard_preset": spec.preset,
         "step0_loss": trained[0]["loss"] if trained else None,
@@ -36,18 +38,26 @@ def _fmt(x: Any, spec: str = ".3f") -> str:
     return "-" if x is None else format(x, spec)
 
 
-def format_table(arms: dict[str, dict[str, Any]]) -> str:
-    """The demo's verdict, shaped like the table of the real runs in ``docs/invariants.md`` §1.5."""
+def _first(a: dict[str, Any]) -> str:
+    ff = a["first_finding"]
+    return f"{ff['code']} @{ff['step']}" if ff else "-"
+
+
+def format_table(arms: dict[str, dict[str, Any]], fault: str = "none") -> str:
+    """The demo's verdict, shaped like the table of the real runs in ``docs/invariants.md`` §1.5;
+    under a fault, a title line names it first."""
+    w = max([24, *(len(_first(a)) for a in arms.values())])
     head = (
         f"{'arm':<10} {'backup':<6} {'guard':<12} {'step-0 loss':>11} {'entropy':>15} "
-        f"{'end loss':>9} {'eval accuracy':>15} {'uniform':>8} {'first finding':<24} "
+        f"{'end loss':>9} {'eval accuracy':>15} {'uniform':>8} {'first finding':<{w}} "
         f"{'repairs':>7} {'poisoned':>8}"
     )
     lines = [head, "-" * len(head)]
+    if fault != "none":
+        lines.insert(0, f"fault={fault}: {FAULTS[fault]}")
     for name, a in arms.items():
         acc = a["eval_accuracy"]
-        ff = a["first_finding"]
-        first = f"{ff['code']} @{ff['step']}" if ff else "-"
+        first = _first(a)
         lines.append(
             f"{name:<10} {'yes' if a['teacher_cpu_backup'] else 'no':<6} {a['guard_preset']:<12} "
             f"{_fmt(a['step0_loss']):>11} "
@@ -55,13 +65,15 @@ def format_table(arms: dict[str, dict[str, Any]]) -> str:
             f"{_fmt(a['final_loss'], '.4f'):>9} "
             f"{_fmt(acc[0][1] if acc else None, '.2f') + ' → ' + _fmt(acc[-1][1] if acc else None, '.2f'):>15} "
             f"{a['teacher_uniform_fraction']:>8.0%} "
-            f"{first:<24} {a['repairs']:>7} "
+            f"{first:<{w}} {a['repairs']:>7} "
             f"{a['poisoned_updates']:>8}"
         )
     return "\n".join(lines)
 
 
-def plot_timeline(traces: dict[str, ArmTrace], path: str | os.PathLike[str]) -> None:
+def plot_timeline(
+    traces: dict[str, ArmTrace], path: str | os.PathLike[str], fault: str = "none"
+) -> None:
     """Loss, student entropy, teacher logprob and eval accuracy of every arm, step by step."""
     import matplotlib
 
@@ -99,8 +111,10 @@ def plot_timeline(traces: dict[str, ArmTrace], path: str | os.PathLike[str]) -> 
     if guarded is not None and guarded.first_finding is not None:
         for ax in axes:
             ax.axvline(guarded.first_finding["step"], color="tab:blue", ls=":", lw=1)
+        repaired = any(r.get("repairs") for r in guarded.records)
+        outcome = "repair" if repaired else "halt" if guarded.halted else "alert"
         axes[0].annotate(
-            f"guard: {guarded.first_finding['code']} → repair",
+            f"guard: {guarded.first_finding['code']} → {outcome}",
             (guarded.first_finding["step"], 1.0),
             xycoords=("data", "axes fraction"),
             fontsize=7,
@@ -108,7 +122,10 @@ def plot_timeline(traces: dict[str, ArmTrace], path: str | os.PathLike[str]) -> 
             va="bottom",
         )
     axes[-1].set_xlabel("step")
-    fig.suptitle("SDPO miniature: teacher slept and woken every step", fontsize=10)
+    title = "SDPO miniature: teacher slept and woken every step"
+    if fault != "none":
+        title += f"; fault={fault}"
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -54,7 +54,7 @@ def test_logprobs_shifted_by_one_position_are_caught(shift):
     tokens, ids, sample = batch(shift=shift)
     (f,) = judge(TeacherScores(3, topk_ids=ids, token_ids=tokens, sample_index=sample))
     assert f.code == Code.TEACHER_POSITION_SHIFT and f.severity is Severity.CRITICAL
-    assert f.values["shifted_agreement"] > 0.9 > 0.2 > f.values["own_agreement"]
+    assert f.values["shifted_agreement"] > 0.6 > 0.2 > f.values["own_agreement"]
     assert f.values["lag"] == ("+1" if shift == 1 else "-1")
 
 
@@ -84,3 +84,24 @@ def test_the_mask_is_applied_to_ids_and_tokens():
     mask = torch.zeros(tokens.numel(), dtype=torch.bool)
     scores = TeacherScores(0, topk_ids=ids, token_ids=tokens, sample_index=sample, mask=mask)
     assert judge(scores) == []  # nothing kept, nothing judged
+
+
+def test_a_handful_of_answer_tokens_in_every_top_k_does_not_hide_a_shift():
+    """The SDPO miniature's answers use ~8 tokens, all of them in every top-16: membership gave
+    0.99 own against 0.98 shifted; the first choice gives 0.004 against 0.77."""
+    length, k = 32, 16
+    answer = torch.arange(8)
+    tokens = answer[torch.randint(0, 8, (8, length), generator=G)]
+    ids = torch.cat([answer.expand(8, length, 8), torch.randint(8, V, (8, length, k - 8))], -1)
+    ids = ids.clone()
+    ids[..., 0], ids[..., 1:8] = tokens, answer[1:].expand(8, length, 7)  # first choice: the token
+    sample = torch.arange(8)[:, None].expand(8, length).reshape(-1)
+    paired = TeacherScores(
+        0, topk_ids=ids.reshape(-1, k), token_ids=tokens.reshape(-1), sample_index=sample
+    )
+    assert judge(paired) == []
+    shifted = torch.roll(ids, shifts=1, dims=1).reshape(-1, k)
+    (f,) = judge(
+        TeacherScores(0, topk_ids=shifted, token_ids=tokens.reshape(-1), sample_index=sample)
+    )
+    assert f.code == Code.TEACHER_POSITION_SHIFT

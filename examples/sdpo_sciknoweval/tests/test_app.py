@@ -10,7 +10,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from distill_guard.events import read_events
-from examples.sdpo_sciknoweval import app
+from examples.sdpo_sciknoweval import app, run_arm
 
 CONF = Path(__file__).resolve().parents[3] / "conf"
 
@@ -94,3 +94,83 @@ def test_healthy_arm_is_left_alone(demo):
 def test_an_unknown_arm_is_refused():
     with pytest.raises(ValueError, match="unknown arm"):
         app.main.__wrapped__(compose_demo(["arms=[healthy,sideways]"]))
+
+
+# ---------------------------------------------------------------------- fault=<name>
+
+
+@pytest.fixture()
+def run_fault(demo, tmp_path, monkeypatch):
+    """Only the unguarded and guarded arms of ``fault=<name>``, shortened, on the module's
+    pretrained models (no second pretraining); what is asserted is the guard's and the
+    bookkeeping's, so the greedy evaluations and the plot are left out to save time."""
+    monkeypatch.setattr(run_arm, "evaluate", lambda *args, **kwargs: 0.0)
+    monkeypatch.setattr(app, "plot_timeline", lambda *args, **kwargs: None)
+    (tmp_path / "pretrain").symlink_to(demo[1] / "pretrain", target_is_directory=True)
+    return lambda fault, steps: _run_fault(tmp_path, fault, steps)
+
+
+def _run_fault(tmp_path: Path, fault: str, steps: int) -> dict:
+    cfg = compose_demo(
+        [
+            f"out_dir={tmp_path}",
+            f"fault={fault}",
+            "arms=[unguarded,guarded]",
+            f"arm.steps={steps}",
+            "arm.batch_size=16",
+            f"arm.eval_every={steps}",
+            "wandb.mode=disabled",
+        ]
+    )
+    result = app.run(cfg)
+    assert result["fault"] == fault
+    return result["arms"]
+
+
+def test_vocab_mismatch_trains_the_unguarded_student_on_noise_and_the_guard_halts(
+    run_fault, tmp_path
+):
+    arms = run_fault("vocab_mismatch", steps=3)
+    u, g = arms["unguarded"], arms["guarded"]
+    assert u["teacher_cpu_backup"] and g["teacher_cpu_backup"]  # the fault, not the weights
+    assert u["poisoned_updates"] == 3 and not u["halted"]
+    assert u["first_finding"] == {"step": 0, "code": "teacher.tokens_mismatch"}
+    # skip, skip, halt: a reload cannot fix a tokenizer mismatch
+    assert g["first_finding"] == {"step": 0, "code": "teacher.tokens_mismatch"}
+    assert g["poisoned_updates"] == 0 and g["repairs"] == 0 and g["halted"]
+    assert (tmp_path / "halt_guarded" / "student.pt").exists()
+
+
+def test_off_by_one_is_caught_before_the_first_update(run_fault):
+    """The miniature's answers use ~8 tokens, all in every top-16: the position test judges the
+    teacher's first choice, which tells a shift where top-k membership could not."""
+    arms = run_fault("off_by_one", steps=1)
+    u, g = arms["unguarded"], arms["guarded"]
+    assert u["poisoned_updates"] == 1 and u["step0_loss"] > 0.9 * math.log(2)
+    assert g["first_finding"] == {"step": 0, "code": "teacher.position_shift"}
+    assert g["poisoned_updates"] == 0
+
+
+def test_partial_garbage_replica_is_caught_per_sample_and_never_trained_on(run_fault):
+    arms = run_fault("partial", steps=1)
+    u, g = arms["unguarded"], arms["guarded"]
+    assert u["poisoned_updates"] == 1
+    assert u["first_finding"] == {"step": 0, "code": "teacher.near_uniform"}
+    assert g["first_finding"] == {"step": 0, "code": "teacher.near_uniform"}
+    # a reload of the (healthy) teacher verifies, the next batch is garbage again: skipped
+    assert g["poisoned_updates"] == 0 and g["repairs"] == 1 and not g["halted"]
+
+
+def test_beta_at_an_end_is_only_warned_about(run_fault):
+    """config.beta_at_end is a warning, said once, before step 0's update. It stops nothing: with
+    AdamW the loss's scale barely matters (the full demo's student still learns, 0.36 → 0.66)."""
+    arms = run_fault("beta_end", steps=1)
+    u, g = arms["unguarded"], arms["guarded"]
+    assert u["step0_loss"] < 1e-4
+    assert u["first_finding"] == g["first_finding"] == {"step": 0, "code": "config.beta_at_end"}
+    assert u["poisoned_updates"] == g["poisoned_updates"] == 1 and not g["halted"]
+
+
+def test_an_unknown_fault_is_refused():
+    with pytest.raises(ValueError, match="unknown fault"):
+        app.main.__wrapped__(compose_demo(["fault=sideways"]))
