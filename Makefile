@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test test-all lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,9 @@ demo: $(STAMP)
 	$(PY) -m examples.sdpo_sciknoweval.app
 
 test: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow"
+
+test-all: $(STAMP)  # also the slow end-to-end variants (about 20 s more)
 	$(PY) -m pytest -q -p no:cacheprovider
 
 lint: $(STAMP)

@@ -294,7 +294,7 @@ def test_trainer_gate_reads_the_verdict_and_halts_after_a_checkpoint(tmp_path):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("line", ["studio", "sdpo"])
+@pytest.mark.parametrize("line", ["studio", pytest.param("sdpo", marks=pytest.mark.slow)])
 def test_without_the_guard_every_update_trains_on_the_dead_teacher(tmp_path, teacher_dir, line):
     """The failure, reproduced in Relax's order: the harness can tell a poisoned update."""
     got = harness.totals(harness.run(tmp_path, teacher_dir, line=line, backup=False, guarded=False))
@@ -352,7 +352,7 @@ def test_repair_mode_follows_every_resume_and_trains_only_on_verified_values(
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("line", ["studio", "sdpo"])
+@pytest.mark.parametrize("line", ["studio", pytest.param("sdpo", marks=pytest.mark.slow)])
 def test_healthy_run_is_silent_and_its_data_unchanged(tmp_path, teacher_dir, line):
     guarded = harness.run(tmp_path, teacher_dir, line=line, backup=True)
     plain = harness.run(tmp_path, teacher_dir, line=line, backup=True, guarded=False)
@@ -363,6 +363,7 @@ def test_healthy_run_is_silent_and_its_data_unchanged(tmp_path, teacher_dir, lin
     assert [r["params_sha"] for r in guarded["ranks"]] == [r["params_sha"] for r in plain["ranks"]]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_slime_and_miles_order_the_log_hook_before_conversion_so_it_alone_protects_nothing(
     tmp_path, teacher_dir
