@@ -243,9 +243,17 @@ class TrackedTeacher:
     def score(
         self, sequences: Sequence[Sequence[int]], *, top_k: int = 0, logprob_start_len: int = 0
     ) -> ScoreResult:
+        return self._checked_score(sequences, top_k, logprob_start_len)
+
+    def _checked_score(
+        self, sequences: Sequence[Sequence[int]], top_k: int, logprob_start_len: int, *extra: Any
+    ) -> ScoreResult:
+        """Arguments and sleep state checked, then the backend's ``_score`` (``extra`` goes to
+        backends whose ``score`` takes more, the SGLang clients' temperature)."""
         check_score_args(sequences, top_k, logprob_start_len)
         self.sleep_state.check_score()
-        return self._score([list(map(int, s)) for s in sequences], top_k, logprob_start_len)
+        seqs = [list(map(int, s)) for s in sequences]
+        return self._score(seqs, top_k, logprob_start_len, *extra)
 
     def release(self, tags: Sequence[str] | None = None) -> None:
         self._learn_tags()

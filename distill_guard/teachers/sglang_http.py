@@ -22,7 +22,6 @@ from distill_guard.teachers.base import (
     TeacherStateError,
     TeacherUnreachable,
     TrackedTeacher,
-    check_score_args,
     read_vocab_size,
     redact,
 )
@@ -241,10 +240,7 @@ class SGLangHTTPTeacher(TrackedTeacher):
         applies it to input logprobs (``docs/sglang-contract.md`` §1.8); preflight sends it to
         measure exactly that."""
         check_temperature(temperature)
-        check_score_args(sequences, top_k, logprob_start_len)
-        self.sleep_state.check_score()
-        seqs = [list(map(int, s)) for s in sequences]
-        return self._score(seqs, top_k, logprob_start_len, temperature)
+        return self._checked_score(sequences, top_k, logprob_start_len, temperature)
 
     def _score(
         self,
