@@ -88,3 +88,46 @@ def test_a_typo_in_a_guard_override_fails_at_build_time():
     )
     with pytest.raises(Exception, match="halt_afterr"):
         instantiate_callbacks(cfg.callbacks)
+
+
+APP = """
+import hydra
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+
+ConfigStore.instance().store(
+    name="app",
+    node={
+        "defaults": [{"guard": "strict"}, "_self_"],
+        "hydra": {"searchpath": ["pkg://distill_guard.conf"]},
+    },
+)
+
+
+@hydra.main(version_base="1.3", config_path=None, config_name="app")
+def main(cfg):
+    print("halt_after", cfg.guard.policy.halt_after_critical_steps)
+
+
+main()
+"""
+
+
+def test_the_readme_recipe_works_in_an_app_that_never_imported_the_package(tmp_path):
+    """`pkg://distill_guard.conf` on the search path and `guard: <preset>`, in a fresh process:
+    it failed with "Could not load 'guard/base_guard'" unless distill_guard.config was imported
+    first (the schema is registered when Hydra imports the conf package)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "app.py"
+    script.write_text(APP)
+    out = subprocess.run(
+        [sys.executable, str(script), f"hydra.run.dir={tmp_path}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "halt_after 2" in out.stdout
