@@ -54,6 +54,9 @@ class DistillGuardCallback(GuardedCallback, TrainerCallback):
     def __init__(self, guard: GuardSpec = None, *, save_guard_state: bool = True, **kwargs: Any):
         super().__init__(guard, **kwargs)
         self.save_guard_state = save_guard_state
+        self.raw_loss_source = False
+        """Set by :class:`GuardedDistillationMixin` when it joins the trainer: every raw training
+        loss will reach the guard before the update."""
         self._stopping = False
 
     def watch_teacher(self, teacher: torch.nn.Module) -> Any:
@@ -68,6 +71,7 @@ class DistillGuardCallback(GuardedCallback, TrainerCallback):
         attach(self.guard, timeout_s=self.consensus_timeout_s)
         if (
             getattr(args, "logging_nan_inf_filter", False)
+            and not self.raw_loss_source
             and not self.step_guard.loss_before_update
         ):
             log.info(
@@ -195,6 +199,12 @@ class GuardedDistillationMixin:
     """
 
     distill_guard_teacher_attr: str = "teacher_model"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[call-arg]
+        cb = find_guard_callback(self)
+        if cb is not None:
+            cb.raw_loss_source = True  # so on_train_begin does not advise what is in use
 
     def compute_loss(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
         cb = self._distill_guard_callback()

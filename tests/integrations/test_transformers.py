@@ -147,6 +147,19 @@ def test_healthy_run_finishes_untouched_and_quiet(tmp_path, caplog):
     assert len(losses) == MAX_STEPS and max(losses) < 0.3 * math.log(2)
 
 
+ADVICE = "use GuardedDistillationMixin"
+
+
+def test_the_raw_loss_advice_is_given_only_where_the_mixin_is_missing(tmp_path, caplog):
+    """With the mixin in the trainer, on_train_begin still advised using the mixin."""
+    caplog.set_level(logging.INFO, logger="distill_guard")
+    run(tmp_path / "mixin")
+    assert ADVICE not in caplog.text
+    caplog.clear()
+    run(tmp_path / "plain", trainer_cls=TinyGKDTrainer)
+    assert ADVICE in caplog.text
+
+
 def test_nan_loss_hidden_from_on_log_is_caught_raw(tmp_path):
     # logging_nan_inf_filter (on by default) hides this NaN from on_log; the mixin sees it raw
     trainer, cb, _, _, ev = run(tmp_path, nan_at=3)
