@@ -113,6 +113,12 @@ class TeacherScores:
     """``[N]`` which sample each position belongs to (per-sample statistics; sequence
     boundaries for position checks)."""
 
+    def kept(self, x: torch.Tensor | None) -> torch.Tensor | None:
+        """``x`` (any of the per-position tensors) at the positions the mask keeps."""
+        if x is None or self.mask is None:
+            return x
+        return x[self.mask.reshape(-1).to(device=x.device, dtype=torch.bool)]
+
 
 @dataclass
 class StepMetrics:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections import deque
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -58,9 +57,8 @@ class EntropyDriftCheck(Check):
 
     def __post_init__(self) -> None:
         self._reference = Reference(self.warmup_steps, self.min_sigma_rel, self.min_sigma_abs)
-        self._recent = RollingMedian(self.window)
+        self._recent = RollingMedian(self.window, lag=self.rise_horizon)
         self._falling = Episode()
-        self._medians: deque[float] = deque(maxlen=self.rise_horizon + 1)
 
     def on_step_metrics(self, metrics: StepMetrics, run: RunSpec) -> list[Finding]:
         h = metrics.get(Metric.STUDENT_ENTROPY)
@@ -72,7 +70,6 @@ class EntropyDriftCheck(Check):
         ref.add(h)
         if median is None:
             return []
-        self._medians.append(median)
         findings = self._limits(median, metrics, run)
         if not ready:
             return findings
@@ -90,14 +87,14 @@ class EntropyDriftCheck(Check):
             "bound": bound,
         }
         rise = median - ref.median
-        then = self._medians[0]
+        then = self._recent.then
         fast = median - then
         fast_bound = max(
             self.rise_sigma * ref.sigma,
             self.min_rise_rel * abs(ref.median),
             self.min_change_abs,
         )
-        if rise >= bound or (len(self._medians) > self.rise_horizon and fast >= fast_bound):
+        if rise >= bound or (self._recent.lagged and fast >= fast_bound):
             if rise >= bound:
                 what = (
                     f"{rise:.3f} above its warm-up level {ref.median:.3f} (bound {bound:.3f}: "
@@ -176,13 +173,9 @@ class EntropyDriftCheck(Check):
             "reference": self._reference.state_dict(),
             "recent": self._recent.state_dict(),
             "falling": self._falling.active,
-            "medians": list(self._medians),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._reference.load_state_dict(state.get("reference", {}))
         self._recent.load_state_dict(state.get("recent", {}))
         self._falling.active = bool(state.get("falling", False))
-        self._medians = deque(
-            (float(x) for x in state.get("medians", [])), maxlen=self.rise_horizon + 1
-        )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections import deque
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -44,8 +43,7 @@ class LossShiftCheck(Check):
 
     def __post_init__(self) -> None:
         self._reference = Reference(self.warmup_steps)
-        self._recent = RollingMedian(self.window)
-        self._medians: deque[float] = deque(maxlen=self.horizon + 1)
+        self._recent = RollingMedian(self.window, lag=self.horizon)
 
     def on_step_metrics(self, metrics: StepMetrics, run: RunSpec) -> list[Finding]:
         loss = metrics.get(Metric.LOSS)
@@ -58,14 +56,11 @@ class LossShiftCheck(Check):
         ref = self._reference
         ready = ref.ready
         ref.add(per_token)
-        if median is None:
+        if median is None or not ready:
             return []
-        self._medians.append(median)
-        if not ready:
-            return []
-        then = self._medians[0]
+        then = self._recent.then
         bound = max(ref.median + self.threshold_sigma * ref.sigma, self.min_factor * ref.median)
-        jump = len(self._medians) > self.horizon and median >= self.min_factor * then
+        jump = self._recent.lagged and median >= self.min_factor * then
         if median < bound and not jump:
             return []
         if median >= bound:
@@ -100,13 +95,8 @@ class LossShiftCheck(Check):
         ]
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "reference": self._reference.state_dict(),
-            "recent": self._recent.state_dict(),
-            "medians": list(self._medians),
-        }
+        return {"reference": self._reference.state_dict(), "recent": self._recent.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._reference.load_state_dict(state.get("reference", {}))
         self._recent.load_state_dict(state.get("recent", {}))
-        self._medians = deque((float(x) for x in state.get("medians", [])), maxlen=self.horizon + 1)

@@ -26,13 +26,6 @@ from distill_guard.findings import Code, Finding, Severity
 from distill_guard.observations import RunSpec, TeacherScores
 
 
-def kept(scores: TeacherScores, x: torch.Tensor | None) -> torch.Tensor | None:
-    """``x`` at the positions the mask keeps (all of them without a mask)."""
-    if x is None or scores.mask is None:
-        return x
-    return x[scores.mask.to(device=x.device, dtype=torch.bool).reshape(-1)]
-
-
 @dataclass
 class TokenPairingCheck(Check):
     """Flags teacher scores that do not belong to the student's tokens at their positions.
@@ -68,8 +61,18 @@ class TokenPairingCheck(Check):
         # a shift also makes the teacher disagree with every token: name the cause, not both
         return self._vocabulary(scores, run) + (shifted or self._tokens(scores))
 
+    def _paired(
+        self, per_token: torch.Tensor | None, rows: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Both views of the same positions, enough of them to judge; (None, None) otherwise."""
+        if per_token is None or rows is None or per_token.numel() < self.min_positions:
+            return None, None
+        if rows.shape[0] != per_token.numel():
+            return None, None  # not the same positions: nothing to pair
+        return per_token, rows
+
     def _vocabulary(self, scores: TeacherScores, run: RunSpec) -> list[Finding]:
-        ids = kept(scores, scores.topk_ids)
+        ids = scores.kept(scores.topk_ids)
         v = run.student_vocab_size
         if ids is None or v is None or ids.numel() == 0:
             return []
@@ -99,12 +102,11 @@ class TokenPairingCheck(Check):
         ]
 
     def _tokens(self, scores: TeacherScores) -> list[Finding]:
-        tok = kept(scores, scores.token_logprobs)
-        top = kept(scores, scores.topk_logprobs)
-        if tok is None or top is None or tok.numel() < self.min_positions:
+        tok, top = self._paired(
+            scores.kept(scores.token_logprobs), scores.kept(scores.topk_logprobs)
+        )
+        if tok is None:
             return []
-        if top.shape[0] != tok.numel():
-            return []  # not the same positions: nothing to pair
         tok, top1 = tok.reshape(-1).float(), top.reshape(tok.numel(), -1).float().amax(dim=1)
         finite = torch.isfinite(tok) & torch.isfinite(top1)
         if int(finite.sum()) < self.min_positions:
@@ -129,15 +131,12 @@ class TokenPairingCheck(Check):
         ]
 
     def _positions(self, scores: TeacherScores) -> list[Finding]:
-        ids = kept(scores, scores.topk_ids)
-        tokens = kept(scores, scores.token_ids)
-        if ids is None or tokens is None or tokens.numel() < self.min_positions:
+        tokens, ids = self._paired(scores.kept(scores.token_ids), scores.kept(scores.topk_ids))
+        if tokens is None:
             return []
-        if ids.shape[0] != tokens.numel():
-            return []  # not the same positions: nothing to pair
         ids = ids.reshape(tokens.numel(), -1)
         tokens = tokens.reshape(-1).to(ids.device)
-        sample = kept(scores, scores.sample_index)
+        sample = scores.kept(scores.sample_index)
         same = (
             sample.reshape(-1)[1:] == sample.reshape(-1)[:-1]
             if sample is not None

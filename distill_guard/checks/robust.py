@@ -61,20 +61,30 @@ class Reference:
 
 @dataclass
 class RollingMedian:
-    """The median of the last ``window`` finite values; None until the window is full."""
+    """The median of the last ``window`` finite values; None until the window is full.
+
+    With ``lag``, it also keeps its own medians of up to ``lag`` steps back, so a check can hold
+    the median now against the median then (a fast rise, a jump after a long decay).
+    """
 
     window: int
+    lag: int = 0
     _values: deque[float] = field(default_factory=deque)
+    _past: deque[float] = field(default_factory=deque)
 
     def __post_init__(self) -> None:
         if self.window < 1:
             raise ValueError(f"window must be >= 1, got {self.window}")
         self._values = deque(self._values, maxlen=self.window)
+        self._past = deque(self._past, maxlen=self.lag + 1)
 
     def add(self, value: float) -> float | None:
         if math.isfinite(value):
             self._values.append(value)
-        return self.value
+        median = self.value
+        if median is not None and self.lag:
+            self._past.append(median)
+        return median
 
     @property
     def value(self) -> float | None:
@@ -82,11 +92,22 @@ class RollingMedian:
             return None
         return statistics.median(self._values)
 
+    @property
+    def then(self) -> float | None:
+        """The oldest median kept: ``lag`` steps back once :attr:`lagged`, earlier before."""
+        return self._past[0] if self._past else None
+
+    @property
+    def lagged(self) -> bool:
+        """Whether :attr:`then` is a full ``lag`` steps back."""
+        return len(self._past) > self.lag
+
     def state_dict(self) -> dict[str, Any]:
-        return {"values": list(self._values)}
+        return {"values": list(self._values), "past": list(self._past)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._values = deque((float(x) for x in state.get("values", [])), maxlen=self.window)
+        self._past = deque((float(x) for x in state.get("past", [])), maxlen=self.lag + 1)
 
 
 @dataclass

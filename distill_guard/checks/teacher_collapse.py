@@ -143,8 +143,7 @@ class TeacherCollapseCheck(Check):
     ) -> list[Finding]:
         kind = "top-k rows" if topk else "sampled-token logprobs"
         x = x.detach()
-        if scores.mask is not None:
-            x = x[scores.mask.to(device=x.device, dtype=torch.bool)]
+        x = scores.kept(x)
         if x.numel() == 0:
             return []
         # Top-k: a row is uniform iff its top-1 is −ln V, so only the N row maxima matter. A NaN
@@ -248,9 +247,7 @@ class TeacherCollapseCheck(Check):
         self, top1: torch.Tensor, scores: TeacherScores, run: RunSpec, measured: dict
     ) -> list[Finding]:
         """Per-sample medians of the top-1: a fraction of samples near uniform."""
-        sample = scores.sample_index.reshape(-1).to(top1.device)
-        if scores.mask is not None:
-            sample = sample[scores.mask.reshape(-1).to(device=top1.device, dtype=torch.bool)]
+        sample = scores.kept(scores.sample_index.reshape(-1)).to(top1.device)
         if sample.numel() != top1.numel():
             return []
         bound = -self.near_uniform_fraction * run.log_vocab

@@ -174,34 +174,35 @@ class StepGuard:
         """Record teacher logprobs already reduced: sampled tokens ``[n]`` and/or top-k ``[n, k]``,
         with (optionally) the top-k ids, the sampled token ids and each position's sample, which
         the pairing checks need (a tokenizer mismatch, a shift by one position)."""
-        if mask is not None:
-            m = mask.detach().reshape(-1).to(torch.bool)
-            token_logprobs = token_logprobs.reshape(-1)[m] if token_logprobs is not None else None
-            token_ids = token_ids.reshape(-1)[m] if token_ids is not None else None
-            sample_index = sample_index.reshape(-1)[m] if sample_index is not None else None
-            topk_logprobs = (
-                topk_logprobs.reshape(-1, topk_logprobs.shape[-1])[m]
-                if topk_logprobs is not None
-                else None
-            )
-            topk_ids = topk_ids.reshape(-1, topk_ids.shape[-1])[m] if topk_ids is not None else None
-        if topk_ids is not None:
-            self._ids.append(topk_ids.detach().reshape(-1, topk_ids.shape[-1]))
-        if token_ids is not None:
-            self._token_ids.append(token_ids.detach().reshape(-1))
-        if sample_index is not None:
-            # samples of later micro-batches are new samples: number them after this step's last
-            offset = int(self._samples[-1].max()) + 1 if self._samples else 0
-            self._samples.append(sample_index.detach().reshape(-1) + offset)
+        keep = mask.detach().reshape(-1).to(torch.bool) if mask is not None else None
+
+        def rows(x: torch.Tensor | None, per_row: bool = False) -> torch.Tensor | None:
+            """``x`` as one row per position (``[n]``, or ``[n, k]`` if ``per_row``), masked."""
+            if x is None:
+                return None
+            x = x.detach().reshape(-1, x.shape[-1]) if per_row else x.detach().reshape(-1)
+            return x[keep] if keep is not None else x
+
+        topk_logprobs, topk_ids = rows(topk_logprobs, per_row=True), rows(topk_ids, per_row=True)
+        token_logprobs, token_ids = rows(token_logprobs), rows(token_ids)
+        sample_index = rows(sample_index)
         if topk_logprobs is not None:
             if self._topk and self._topk[0].shape[-1] != topk_logprobs.shape[-1]:
                 raise ValueError(
                     f"top-k width changed within a step: {self._topk[0].shape[-1]} then "
                     f"{topk_logprobs.shape[-1]}"
                 )
-            self._topk.append(topk_logprobs.detach().reshape(-1, topk_logprobs.shape[-1]))
+            self._topk.append(topk_logprobs)
         if token_logprobs is not None:
-            self._token.append(token_logprobs.detach().reshape(-1))
+            self._token.append(token_logprobs)
+        if topk_ids is not None:
+            self._ids.append(topk_ids)
+        if token_ids is not None:
+            self._token_ids.append(token_ids)
+        if sample_index is not None:
+            # samples of later micro-batches are new samples: number them after this step's last
+            offset = int(self._samples[-1].max()) + 1 if self._samples else 0
+            self._samples.append(sample_index + offset)
 
     def observe_loss(self, loss: torch.Tensor | float) -> None:
         """Record one micro-batch's raw loss, as computed (before any NaN filtering or scaling).
@@ -266,13 +267,10 @@ class StepGuard:
         False after a critical finding (the step would train on a dead teacher or a NaN loss), a
         rewake (the scores were taken before the repair), or a halt.
         """
-        topk, token, ids, token_ids, samples = (
-            _joined(self._topk, topk_len := sum(t.shape[0] for t in self._topk)),
-            _joined(self._token, sum(t.shape[0] for t in self._token)),
-            _joined(self._ids, topk_len),
-            _joined(self._token_ids, sum(t.shape[0] for t in self._token)),
-            _joined(self._samples, topk_len),
-        )
+        topk_rows = sum(t.shape[0] for t in self._topk)
+        token_rows = sum(t.shape[0] for t in self._token)
+        topk, ids, samples = (_joined(x, topk_rows) for x in (self._topk, self._ids, self._samples))
+        token, token_ids = (_joined(x, token_rows) for x in (self._token, self._token_ids))
         losses = torch.stack(self._losses) if self._losses else None
         self._topk, self._token, self._losses = [], [], []
         self._ids, self._token_ids, self._samples = [], [], []
