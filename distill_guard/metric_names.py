@@ -29,10 +29,13 @@ RELAX_METRIC_NAMES: dict[str, str] = {
 HF_METRIC_NAMES: dict[str, str] = {
     Metric.LOSS: "loss",
     Metric.STUDENT_ENTROPY: "entropy",
+    Metric.TRUNCATED_RATIO: "completions/clipped_ratio",
     Metric.EVAL_ACCURACY: "eval_accuracy",
 }
-"""transformers/TRL logs: the Trainer's ``loss``, TRL's ``entropy``, an ``eval_accuracy`` from
-``compute_metrics``."""
+"""transformers/TRL logs: the Trainer's ``loss``; TRL ``DistillationTrainer``'s ``entropy`` (the
+student's mean per-token entropy, nats) and ``completions/clipped_ratio`` (the fraction of
+on-policy completions cut at ``max_completion_length``), as trl 1.16 logs them (GKDTrainer
+logs neither); an ``eval_accuracy`` from ``compute_metrics``."""
 
 LIGHTNING_METRIC_NAMES: dict[str, str] = {
     Metric.LOSS: "train/loss",

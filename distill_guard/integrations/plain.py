@@ -57,6 +57,20 @@ def _logits_of(output: Any) -> torch.Tensor | None:
     return logits if isinstance(logits, torch.Tensor) else None
 
 
+def vocab_width(module: torch.nn.Module) -> int | None:
+    """The width of ``module``'s logits: its config's ``vocab_size`` (the text config's for a
+    multimodal model), else its output embeddings' rows; None when it tells neither."""
+    config = getattr(module, "config", None)
+    if config is not None and hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    vocab = getattr(config, "vocab_size", None)
+    if isinstance(vocab, int) and vocab > 1:
+        return vocab
+    head = module.get_output_embeddings() if hasattr(module, "get_output_embeddings") else None
+    weight = getattr(head, "weight", None)
+    return int(weight.shape[0]) if isinstance(weight, torch.Tensor) else None
+
+
 def _joined(parts: list[torch.Tensor], rows: int) -> torch.Tensor | None:
     """The step's micro-batches as one tensor; None when some micro-batch did not give this
     view (the positions of the others would not line up with the logprobs)."""
@@ -228,14 +242,27 @@ class StepGuard:
         """
         if canary and self.guard.module_canary is None:
             self.guard.watch_module_teacher(module)
+        module_vocab = vocab_width(module)
+        told: set[int] = set()
 
         def hook(_mod: Any, _args: Any, kwargs: dict[str, Any], output: Any) -> None:
             module_canary = self.guard.module_canary
             if not self.collecting or (module_canary is not None and module_canary.running):
                 return
             logits = _logits_of(output)
-            if logits is None:
-                log.debug("distill_guard: teacher forward returned no logits; not observed")
+            vocab = self.guard.run.vocab_size or module_vocab
+            if logits is None or (vocab is not None and logits.shape[-1] != vocab):
+                width = -1 if logits is None else int(logits.shape[-1])
+                if width not in told:  # once per kind of output, not on every step
+                    told.add(width)
+                    log.info(
+                        "distill_guard: a forward of the watched teacher returned %s, not logits "
+                        "over its %s-token vocabulary; such outputs are not judged (a trainer "
+                        "that projects the teacher's hidden states itself must hand them to "
+                        "StepGuard.observe_teacher_hidden_states)",
+                        "no tensor" if logits is None else f"width {width}",
+                        vocab,
+                    )
                 return
             mask = kwargs.get("attention_mask")
             if not isinstance(mask, torch.Tensor) or mask.shape != logits.shape[:-1]:
@@ -248,6 +275,37 @@ class StepGuard:
         handle = module.register_forward_hook(hook, with_kwargs=True)
         self._handles.append(handle)
         return handle
+
+    def observe_teacher_hidden_states(
+        self,
+        hidden: torch.Tensor,
+        head: torch.nn.Module,
+        *,
+        mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        logit_scale: float = 1.0,
+        softcap: float | None = None,
+    ) -> None:
+        """Record a teacher whose trainer never forms its logits: ``hidden`` ``[B, K, H]`` goes
+        through ``head`` (its output embeddings), times ``logit_scale``, then
+        ``softcap * tanh(z / softcap)``, as the trainer's loss does, a few samples at a time (one
+        ``[~chunk_rows, V]`` block at once, never ``[B, K, V]``). ``mask`` and ``labels`` are
+        ``[B, K]``."""
+        if hidden.dim() == 2:
+            hidden = hidden.unsqueeze(0)
+            mask = None if mask is None else mask.reshape(1, -1)
+            labels = None if labels is None else labels.reshape(1, -1)
+        per = max(1, self.chunk_rows // max(1, hidden.shape[1]))
+        with torch.no_grad():
+            for a in range(0, hidden.shape[0], per):
+                z = head(hidden[a : a + per].to(head.weight.dtype)) * logit_scale
+                if softcap is not None:
+                    z = softcap * torch.tanh(z / softcap)
+                self.observe_teacher_logits(
+                    z,
+                    mask=None if mask is None else mask[a : a + per],
+                    labels=None if labels is None else labels[a : a + per],
+                )
 
     @property
     def watching(self) -> bool:
@@ -366,6 +424,20 @@ class StepGuard:
         return self.guard.halt.message if self.guard.halt else None
 
 
+RENAMED_ARGUMENTS = {"guard_overrides": "overrides"}
+"""Keyword arguments renamed before 1.0: refused with the new name rather than kept as aliases
+(one name in code, yaml and docs; an alias would outlive every caller that still used it)."""
+
+
+def refuse_unexpected(owner: str, unexpected: Mapping[str, Any]) -> None:
+    """Raise the TypeError Python would raise for unknown keywords, naming a renamed one's new name."""
+    for name in unexpected:
+        new = RENAMED_ARGUMENTS.get(name)
+        if new is not None:
+            raise TypeError(f"{owner}() got the keyword argument {name!r}: it is now {new!r}")
+        raise TypeError(f"{owner}() got an unexpected keyword argument {name!r}")
+
+
 class GuardedCallback:
     """What every trainer callback shares: a :class:`StepGuard` that collects only inside
     training steps, the framework's metric names, and the halt and all-rank settings.
@@ -373,7 +445,9 @@ class GuardedCallback:
     Args:
         guard: a guard, a preset name (``default``/``monitor_only``/``strict``), or a guard
             config node; None composes ``default``.
-        guard_overrides: Hydra overrides for a preset or config, e.g. ``["run.vocab_size=151936"]``.
+        overrides: Hydra overrides for a preset or config, e.g. ``["run.vocab_size=151936"]``
+            (the name :func:`~distill_guard.config.build_guard` and :class:`StepGuard` use; the
+            old ``guard_overrides=`` is refused with a TypeError that names it).
         metric_keys: ``{role: logged name}``; the framework's names by default.
         top_k: teacher top-k kept per position when reducing in-process teacher logits.
         save_on_halt: save a checkpoint before stopping on a halt.
@@ -387,15 +461,17 @@ class GuardedCallback:
         self,
         guard: GuardSpec = None,
         *,
-        guard_overrides: Sequence[str] = (),
+        overrides: Sequence[str] = (),
         metric_keys: Mapping[str, str] | None = None,
         top_k: int = 16,
         save_on_halt: bool = True,
         consensus_timeout_s: float = 60.0,
+        **unexpected: Any,
     ) -> None:
+        refuse_unexpected(type(self).__name__, unexpected)
         names = self.default_metric_names if metric_keys is None else metric_keys
         self.step_guard = StepGuard(
-            guard, guard_overrides, top_k=top_k, collecting=False, metric_names=names
+            guard, overrides, top_k=top_k, collecting=False, metric_names=names
         )
         self.save_on_halt = save_on_halt
         self.consensus_timeout_s = consensus_timeout_s

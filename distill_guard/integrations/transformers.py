@@ -180,10 +180,93 @@ def guard_trainer(
         trainer.add_callback(cb)
     teacher = teacher if teacher is not None else getattr(trainer, teacher_attr, None)
     if isinstance(teacher, torch.nn.Module):
-        cb.watch_teacher(teacher)
+        watch_trainer_teacher(trainer, cb, teacher)
     else:
         log.info("distill_guard: no teacher module on the trainer; only logged metrics are judged")
     return cb
+
+
+def watch_trainer_teacher(trainer: Any, cb: DistillGuardCallback, teacher: torch.nn.Module) -> None:
+    """Watch the trainer's teacher where its distribution is formed: a forward hook on the
+    teacher (GKDTrainer: ``teacher_model(...).logits``), or, for a trainer that projects the
+    teacher's hidden states itself (TRL's ``DistillationTrainer``), a tap on its
+    ``_get_last_hidden_state`` (:func:`_tap_hidden_states`) plus the canary on the module."""
+    if callable(getattr(trainer, "_get_last_hidden_state", None)) and callable(
+        getattr(teacher, "get_output_embeddings", None)
+    ):
+        if cb.guard.module_canary is None:
+            cb.guard.watch_module_teacher(teacher)
+        _tap_hidden_states(trainer, cb)
+    elif not cb.step_guard.watching:
+        cb.watch_teacher(teacher)
+
+
+def _tap_hidden_states(trainer: Any, cb: DistillGuardCallback) -> None:
+    """Hand TRL ``DistillationTrainer``'s teacher distribution to the guard.
+
+    Read from trl 1.16 ``trl/trainer/distillation_trainer.py``: ``_compute_loss`` runs the
+    teacher's *backbone* through ``self._get_last_hidden_state(unwrapped_teacher, input_ids,
+    attention_mask, logits_to_keep)`` (via ``_forward_redirection``, so a forward hook on the
+    teacher sees these ``[B, K, H]`` hidden states, not logits), keeping the states that predict
+    the last ``K = completion_ids.size(1)`` tokens; ``_chunked_divergence_loss`` then projects
+    them through ``teacher.get_output_embeddings().weight`` (and bias) chunk by chunk, scaled by
+    the config's ``logit_scale`` / ``output_multiplier`` / ``lm_head_multiplier`` /
+    ``logits_scaling`` and soft-capped by ``final_logit_softcapping``. The ``lm_head`` module is
+    never called, so no hook on it fires: the guard projects the same states through the same
+    head itself, with ``attention_mask[:, -K:]`` (the completion mask) and the completion tokens
+    ``input_ids[:, -K:]`` as the sampled tokens.
+    """
+    inner = trainer._get_last_hidden_state
+    if getattr(inner, "distill_guard_tap", False):
+        return
+
+    def tapped(
+        unwrapped_model: Any,
+        input_ids: Any,
+        attention_mask: Any,
+        logits_to_keep: Any,
+        *args: Any,
+        **kwargs: Any,
+    ) -> Any:
+        hidden = inner(unwrapped_model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
+        teacher = getattr(trainer, "teacher_model", None)
+        if not cb.step_guard.collecting or teacher is None:
+            return hidden
+        if unwrapped_model is not trainer.accelerator.unwrap_model(teacher):
+            return hidden  # the student's states
+        try:
+            config = unwrapped_model.config.get_text_config()
+            k = hidden.shape[1]
+            mask, labels = attention_mask[:, -k:], input_ids[:, -k:]
+            if mask.shape != hidden.shape[:2]:
+                mask = labels = None
+            cb.step_guard.observe_teacher_hidden_states(
+                hidden,
+                unwrapped_model.get_output_embeddings(),
+                mask=mask,
+                labels=labels,
+                logit_scale=_logit_scale(config),
+                softcap=getattr(config, "final_logit_softcapping", None),
+            )
+        except Exception:  # noqa: BLE001 - the guard must not break the trainer's loss
+            log.exception("distill_guard: could not observe the teacher's hidden states")
+        return hidden
+
+    tapped.distill_guard_tap = True  # type: ignore[attr-defined]
+    trainer._get_last_hidden_state = tapped
+
+
+def _logit_scale(config: Any) -> float:
+    """The multiplier TRL's ``DistillationTrainer._compute_loss`` applies to the teacher's logits
+    (the same config fields, in the same order)."""
+    for name in ("logit_scale", "output_multiplier", "lm_head_multiplier"):
+        value = getattr(config, name, None)
+        if value is not None:
+            return float(value)
+    scaling = getattr(config, "logits_scaling", None)
+    if scaling is not None:
+        return float(scaling) if config.model_type == "hyperclovax" else 1.0 / float(scaling)
+    return 1.0
 
 
 class GuardedDistillationMixin:
@@ -225,6 +308,6 @@ class GuardedDistillationMixin:
             else:
                 teacher = getattr(self, self.distill_guard_teacher_attr, None)
                 if isinstance(teacher, torch.nn.Module):
-                    cb.watch_teacher(teacher)
+                    watch_trainer_teacher(self, cb, teacher)
             self._distill_guard_cb = cb
         return self._distill_guard_cb

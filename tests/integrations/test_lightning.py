@@ -70,7 +70,7 @@ def fit(tmp_path, *, collapse_at=None, overrides=(), poison=kill):
     ev = tmp_path / "events.jsonl"
     cb = DistillGuardCallback(
         "default",
-        guard_overrides=[
+        overrides=[
             f"events_path={ev}",
             f"run.vocab_size={VOCAB}",
             "alerts.use_wandb=false",
@@ -140,9 +140,9 @@ def test_healthy_run_finishes_untouched_and_quiet(tmp_path, caplog):
 
 
 def test_state_dict_round_trip():
-    a = DistillGuardCallback("default", guard_overrides=["alerts.use_wandb=false"])
+    a = DistillGuardCallback("default", overrides=["alerts.use_wandb=false"])
     a.guard.on_step_metrics(0, {"loss": 0.69})
-    b = DistillGuardCallback("default", guard_overrides=["alerts.use_wandb=false"])
+    b = DistillGuardCallback("default", overrides=["alerts.use_wandb=false"])
     b.load_state_dict(a.state_dict())
     assert b.guard.summary.count == a.guard.summary.count == {"loss.jsd_ceiling": 1}
 
@@ -169,7 +169,7 @@ def test_two_rank_ddp_only_rank_1_sees_the_collapse_and_both_stop(tmp_path):
     ev = tmp_path / "events.jsonl"
     cb = DistillGuardCallback(
         "default",
-        guard_overrides=[f"events_path={ev}", f"run.vocab_size={VOCAB}", "alerts.use_wandb=false"],
+        overrides=[f"events_path={ev}", f"run.vocab_size={VOCAB}", "alerts.use_wandb=false"],
         consensus_timeout_s=20,
     )
     trainer = pl.Trainer(

@@ -156,6 +156,50 @@ def test_watch_observes_only_while_collecting():
         sg.observe_teacher_logprobs(topk_logprobs=torch.zeros(3, 8))
 
 
+def test_watch_judges_only_outputs_as_wide_as_the_vocabulary(caplog):
+    """A forward that returns hidden states (TRL's DistillationTrainer runs its teacher's
+    backbone through the teacher's own forward) is not taken for logits: one INFO line, nothing
+    observed, however many forwards."""
+    caplog.set_level("DEBUG", logger="distill_guard")
+    teacher = tiny_qwen3()
+    sg = StepGuard("default", ["alerts.use_wandb=false"], top_k=4)
+    sg.watch(teacher, canary=False)
+    x = torch.tensor([token_rows(1)[0]["input_ids"]])
+    backbone = teacher.base_model.forward
+    teacher.forward = lambda **kw: backbone(**kw).last_hidden_state  # [1, T, H], H != V
+    for _ in range(3):
+        teacher(input_ids=x)
+    assert sg._topk == []
+    told = [r.getMessage() for r in caplog.records if "not judged" in r.getMessage()]
+    hidden = teacher.config.hidden_size
+    assert len(told) == 1 and f"width {hidden}" in told[0] and str(VOCAB) in told[0], told
+    del teacher.forward  # the real forward: logits over the vocabulary are observed again
+    teacher(input_ids=x)
+    assert sg._topk[0].shape == (x.shape[1], 4)
+
+
+def test_hidden_states_are_judged_through_the_teachers_head():
+    """``observe_teacher_hidden_states`` sees what the full forward's logits say, a few samples
+    at a time (here one sample per chunk)."""
+    teacher = tiny_qwen3()
+    x = torch.tensor([r["input_ids"] for r in token_rows(3)])
+    mask = torch.ones_like(x)
+    mask[1, 5:] = 0
+    full = StepGuard("default", ["alerts.use_wandb=false"], top_k=4)
+    projected = StepGuard("default", ["alerts.use_wandb=false"], top_k=4, chunk_rows=x.shape[1])
+    with torch.no_grad():
+        full.observe_teacher_logits(teacher(input_ids=x).logits, mask=mask, labels=x)
+        hidden = teacher.base_model(input_ids=x).last_hidden_state
+    projected.observe_teacher_hidden_states(
+        hidden, teacher.get_output_embeddings(), mask=mask, labels=x
+    )
+    assert len(projected._topk) == 3  # one chunk per sample
+    for name in ("_topk", "_token", "_ids", "_samples"):
+        a, b = torch.cat(getattr(full, name)), torch.cat(getattr(projected, name))
+        assert a.shape == b.shape and torch.allclose(a.float(), b.float(), atol=1e-5), name
+    assert int(torch.cat(projected._samples).max()) == 2
+
+
 def test_healthy_loop_is_untouched():
     teacher = tiny_qwen3()
     student = student_of(teacher)

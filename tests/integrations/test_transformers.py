@@ -80,7 +80,7 @@ def run(tmp_path, *, collapse_at=None, nan_at=None, trainer_cls=GuardedTinyGKDTr
     ev = tmp_path / "events.jsonl"
     callback = DistillGuardCallback(
         "default",
-        guard_overrides=[f"events_path={ev}", f"run.vocab_size={VOCAB}", "alerts.use_wandb=false"],
+        overrides=[f"events_path={ev}", f"run.vocab_size={VOCAB}", "alerts.use_wandb=false"],
         **cb,
     )
     rec = Recorder(teacher, student, collapse_at)
@@ -190,7 +190,7 @@ def test_guard_trainer_watches_the_teacher_without_the_mixin(tmp_path):
     cb = guard_trainer(
         trainer,
         "default",
-        guard_overrides=["policy.critical_action=HALT", "alerts.use_wandb=false"],
+        overrides=["policy.critical_action=HALT", "alerts.use_wandb=false"],
     )
     before = params(student)
     trainer.train()
@@ -204,7 +204,7 @@ def test_guard_trainer_watches_the_teacher_without_the_mixin(tmp_path):
 def test_on_log_maps_keys_to_roles_and_halts_on_metrics(tmp_path):
     cb = DistillGuardCallback(
         "default",
-        guard_overrides=["alerts.use_wandb=false"],
+        overrides=["alerts.use_wandb=false"],
         metric_keys={Metric.LOSS: "loss", Metric.STUDENT_ENTROPY: "ent"},
     )
     args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to="none")

@@ -24,12 +24,14 @@ test_transformers.py (a plain ``transformers.Trainer``), which needs no TRL.
 from __future__ import annotations
 
 import functools
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 transformers = pytest.importorskip("transformers")
 
@@ -38,6 +40,8 @@ from distill_guard.integrations.transformers import (  # noqa: E402
     DistillGuardCallback,
     GuardedDistillationMixin,
 )
+from distill_guard.metric_names import HF_METRIC_NAMES, pick_metrics  # noqa: E402
+from distill_guard.observations import Metric  # noqa: E402
 
 from ._tiny import (  # noqa: E402
     VOCAB,
@@ -73,6 +77,16 @@ def _guarded_gkd_trainer() -> type:
         pass
 
     return GuardedGKDTrainer
+
+
+@functools.cache
+def _guarded_distillation_trainer() -> type:
+    trl = pytest.importorskip("trl")
+
+    class GuardedDistillationTrainer(GuardedDistillationMixin, trl.DistillationTrainer):
+        pass
+
+    return GuardedDistillationTrainer
 
 
 class Ledger(transformers.TrainerCallback):
@@ -128,20 +142,48 @@ class Run:
         return "\n".join(lines)
 
 
-def run(tmp_path, flavour="trl", *, poison=None, at=POISON_AT, lr=HEALTHY_LR, lmbda=1.0) -> Run:
-    """Train the tiny student for ``MAX_STEPS`` with the guard; ``poison(teacher)`` at step ``at``."""
+def run(
+    tmp_path,
+    flavour="trl",
+    *,
+    poison=None,
+    at=POISON_AT,
+    lr=HEALTHY_LR,
+    lmbda=1.0,
+    max_steps=MAX_STEPS,
+    overrides=(),
+    spy: list | None = None,
+) -> Run:
+    """Train the tiny student for ``max_steps`` with the guard; ``poison(teacher)`` at step ``at``.
+
+    ``flavour``: ``trl`` (GKDTrainer), ``distillation`` (``trl.DistillationTrainer``) or
+    ``stand_in`` (test_transformers.py's plain-Trainer GKD)."""
     teacher = tiny_qwen3(seed=0)
     student = student_of(teacher)
     ev = tmp_path / "events.jsonl"
     callback = DistillGuardCallback(
         "default",
-        guard_overrides=[f"events_path={ev}", f"run.vocab_size={VOCAB}", "alerts.use_wandb=false"],
+        overrides=[
+            f"events_path={ev}",
+            f"run.vocab_size={VOCAB}",
+            "alerts.use_wandb=false",
+            *overrides,
+        ],
     )
+    if spy is not None:  # the top-k logprobs each step hands the guard
+        judge = callback.guard.on_teacher_scores
+
+        def recording(step, **scores):
+            if scores.get("topk_logprobs") is not None:
+                spy.append(scores["topk_logprobs"])
+            return judge(step, **scores)
+
+        callback.guard.on_teacher_scores = recording
     ledger = UpdateLedger(student, teacher, at=at if poison else None, poison=poison)
     callbacks = [Ledger(ledger, callback), callback]
     common = dict(
         output_dir=str(tmp_path / "out"),
-        max_steps=MAX_STEPS,
+        max_steps=max_steps,
         per_device_train_batch_size=4,
         learning_rate=lr,
         logging_steps=1,
@@ -174,6 +216,28 @@ def run(tmp_path, flavour="trl", *, poison=None, at=POISON_AT, lr=HEALTHY_LR, lm
             callbacks=callbacks,
         )
         assert trainer.teacher_model is teacher  # accelerate on CPU hands the module back
+    elif flavour == "distillation":
+        from datasets import Dataset
+        from trl import DistillationConfig
+
+        args = DistillationConfig(
+            **common,
+            bf16=False,
+            gradient_checkpointing=False,
+            beta=0.5,
+            temperature=0.9,
+            max_completion_length=MAX_NEW_TOKENS,
+        )
+        prompts = [{"prompt": r["messages"][:1]} for r in chat_rows()]
+        trainer = _guarded_distillation_trainer()(
+            model=student,
+            teacher_model=teacher,
+            args=args,
+            train_dataset=Dataset.from_list(prompts),
+            processing_class=tiny_tokenizer(),
+            callbacks=callbacks,
+        )
+        assert trainer.teacher_model is teacher
     else:
         args = transformers.TrainingArguments(**common, remove_unused_columns=False)
         trainer = GuardedTinyGKDTrainer(
@@ -203,27 +267,68 @@ def _garbage(teacher):
     garble(teacher, seed=7)
 
 
-# ---------------------------------------------------------------------- TRL's GKDTrainer
+# ---------------------------------------------------------------------- TRL's two trainers
+
+DISTILLATION_STEPS = 6
+"""DistillationTrainer generates every step with the student (about half a second a step on
+CPU here): fewer steps than GKD, the same story."""
 
 
-def test_healthy_teacher_every_update_applied_and_quiet(tmp_path, caplog):
-    pytest.importorskip("trl.experimental.gkd")
+@pytest.fixture(params=["trl", "distillation"])
+def trl_trainer(request):
+    """TRL's on-policy distillation trainers: GKDTrainer (``trl.experimental.gkd``) and
+    DistillationTrainer (``trl``, which projects the teacher's hidden states itself)."""
+    pytest.importorskip("trl.experimental.gkd" if request.param == "trl" else "trl")
+    return request.param
+
+
+def test_healthy_teacher_every_update_applied_and_quiet(tmp_path, caplog, trl_trainer):
+    """Silent: no finding at warn or above, no WARNING record, every update applied.
+
+    On DistillationTrainer the tiny student never ends an answer, so every completion is
+    clipped at ``max_completion_length`` (``completions/clipped_ratio`` is 1.0, which the
+    truncation check rightly reports): that check is off here, and the test checks instead that
+    the guard reads the ratio and the entropy TRL logs."""
     caplog.set_level("INFO", logger="distill_guard")
-    r = run(tmp_path)
-    assert r.trainer.state.global_step == MAX_STEPS
+    distillation = trl_trainer == "distillation"
+    steps = DISTILLATION_STEPS if distillation else MAX_STEPS
+    observed: list[torch.Tensor] = []
+    r = run(
+        tmp_path,
+        trl_trainer,
+        max_steps=steps,
+        overrides=["checks.truncation.enabled=false"] if distillation else (),
+        spy=observed,
+    )
+    assert r.trainer.state.global_step == steps
     assert not r.callback.guard.halted and r.callback.step_guard.skipped_updates == 0
-    assert r.ledger.changed == dict.fromkeys(range(MAX_STEPS), True), r.story()
+    assert r.ledger.changed == dict.fromkeys(range(steps), True), r.story()
     assert [e for e in r.log if e.get("severity") in ("warn", "critical")] == [], r.story()
     assert loud(caplog.records) == []
-    assert not (r.out / f"checkpoint-{MAX_STEPS}").exists()
-    # the guard did look: the teacher's forwards were watched, the losses were real JSDs
-    assert r.callback.step_guard.watching
-    assert len(r.losses) == MAX_STEPS and max(r.losses) < 0.3 * math.log(2)
+    assert not (r.out / f"checkpoint-{steps}").exists()
+    # the guard did look: one vocabulary-wide top-k per step, over the completion tokens only
+    assert len(observed) == steps, len(observed)
+    completion_tokens = 4 * MAX_NEW_TOKENS  # 4 prompts a step, every completion at its limit
+    for topk in observed:
+        assert topk.shape[1] == 16 and topk.shape[0] == (
+            completion_tokens if distillation else topk.shape[0]
+        )
+        assert bool((topk[:, 0] > -math.log(VOCAB) + 1.0).all())  # peaked, not uniform over 128
+    assert len(r.losses) == steps
+    if distillation:
+        logged = pick_metrics(r.trainer.state.log_history[0], HF_METRIC_NAMES)
+        assert logged[Metric.TRUNCATED_RATIO] == 1.0 and logged[Metric.STUDENT_ENTROPY] > 0.0
+        assert max(r.losses) < 0.3 * math.log(2)
+    else:
+        assert r.callback.step_guard.watching
+        assert max(r.losses) < 0.3 * math.log(2)
 
 
-def test_zeroed_teacher_mid_run_takes_no_update_then_halts(tmp_path):
-    pytest.importorskip("trl.experimental.gkd")
-    r = run(tmp_path, poison=kill)
+def test_zeroed_teacher_mid_run_takes_no_update_then_halts(tmp_path, trl_trainer):
+    """A zeroed teacher from step ``POISON_AT``: no update on it (each is dropped before the
+    optimizer), a halt after 3 critical steps, and a checkpoint numbered by ``global_step``,
+    which counts the dropped updates too (docs/integrations.md, "Checkpoints after a halt")."""
+    r = run(tmp_path, trl_trainer, poison=kill)
     assert r.ledger.poisoned == [], r.story()
     first = [f for f in r.findings if f["code"] == "teacher.uniform"]
     assert first and first[0]["step"] == POISON_AT and first[0]["severity"] == "critical"
@@ -234,6 +339,11 @@ def test_zeroed_teacher_mid_run_takes_no_update_then_halts(tmp_path):
     assert r.trainer.state.global_step == halt_step + 1 < MAX_STEPS
     ckpt = r.out / f"checkpoint-{halt_step + 1}"
     assert (ckpt / "trainer_state.json").exists() and (ckpt / GUARD_STATE_FILE).exists()
+    # checkpoint-N: N optimizer steps were taken, of which POISON_AT moved the student
+    saved = json.loads((ckpt / "trainer_state.json").read_text())
+    assert saved["global_step"] == halt_step + 1
+    assert sum(r.ledger.changed.values()) == POISON_AT, r.story()
+    assert r.callback.step_guard.skipped_updates == halt_step + 1 - POISON_AT
 
 
 # ---------------------------------------------------------------------- both trainers
