@@ -12,12 +12,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from distill_guard.findings import Severity
 from distill_guard.observations import Metric
+from distill_guard.replay import acting
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
     from distill_guard.replay import ReplayResult
 
@@ -38,6 +41,15 @@ it would flatten the data, and its value is given in the legend instead."""
 NO_VOCAB_LABEL = "−ln V not drawn: V unknown (pass --vocab-size)"
 FIRST_ACTION_STYLE = {"color": "black", "ls": "--", "lw": 1.2}
 HALT_STYLE = {"color": "black", "ls": ":", "lw": 2.0}
+STRIP_ROWS = {  # row of the guard strip → (label, mark style); drawn top to bottom in this order
+    "findings": ("findings at warn+", {"marker": "|", "color": "tab:orange", "ms": 8}),
+    "skip_batch": ("skip_batch", {"marker": "x", "color": "black", "ms": 6, "mew": 1.5}),
+    "rewake": ("rewake: teacher reload + verify", {"marker": "^", "color": "tab:blue", "ms": 5}),
+    "repaired": ("repaired (reload verified)", {"marker": "^", "color": "tab:green", "ms": 5}),
+    "halt": ("halt", {"marker": "X", "color": "black", "ms": 10}),
+}
+ACTION_ROWS = ("skip_batch", "rewake", "halt")
+"""Rows that are the guard's actions: under monitor_only they are what it would have done."""
 
 
 @dataclass(frozen=True)
@@ -127,7 +139,7 @@ def _draw_panel(ax: Axes, result: ReplayResult, role: str, ylabel: str) -> None:
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
 
 
-def _draw_markers(axes: Sequence[Axes], result: ReplayResult) -> list[tuple[Line2D, str]]:
+def _draw_markers(axes: Sequence[Axes], result: ReplayResult) -> list[tuple[Line2D | Patch, str]]:
     """Vertical lines on every panel: each finding code's first step (one colour per code), the
     first action and the halt. Returns one (line, label) per mark, for the figure legend."""
     from matplotlib import colormaps
@@ -144,7 +156,7 @@ def _draw_markers(axes: Sequence[Axes], result: ReplayResult) -> list[tuple[Line
         marks.append((first_action.step, FIRST_ACTION_STYLE, label))
     if result.halt_step is not None:
         marks.append((result.halt_step, HALT_STYLE, f"halt at step {result.halt_step}"))
-    legend: list[tuple[Line2D, str]] = []
+    legend: list[tuple[Line2D | Patch, str]] = []
     for n, ax in enumerate(axes):
         for step, style, label in marks:
             line = ax.axvline(step, **style, label="_nolegend_")
@@ -153,19 +165,84 @@ def _draw_markers(axes: Sequence[Axes], result: ReplayResult) -> list[tuple[Line
     return legend
 
 
+def action_steps(result: ReplayResult) -> tuple[dict[str, list[int]], set[str]]:
+    """The steps of each row of the guard strip, and the action rows only intended (monitor_only,
+    or a rewake with no live teacher to reload). Rows: findings at warn or above; the guard's
+    skips, rewakes (reload and verify the teacher: a repair) and halt, up to the first halt (the
+    run stops there); ``repaired`` where a decision records a repair carried out."""
+    rows: dict[str, set[int]] = {row: set() for row in STRIP_ROWS}
+    done: set[str] = set()
+    for f in result.findings:
+        if f.step is not None and f.severity.rank >= Severity.WARN.rank:
+            rows["findings"].add(f.step)
+    halt = result.halt_step
+    for d in result.decisions:
+        if d.step is None or (halt is not None and d.step > halt):
+            continue
+        action = acting(d)
+        if action is not None:
+            rows[action.value].add(d.step)
+            if d.action is action:
+                done.add(action.value)
+        if d.repaired:
+            rows["repaired"].add(d.step)
+    intended = {row for row in ACTION_ROWS if rows[row] and row not in done}
+    return {row: sorted(steps) for row, steps in rows.items()}, intended
+
+
+def _draw_guard_strip(ax: Axes, result: ReplayResult) -> None:
+    """One row per kind of guard event, a mark at each step it happened, its count in the row's
+    label; rows with nothing are left out."""
+    steps_of, intended = action_steps(result)
+    rows = [(row, steps) for row, steps in steps_of.items() if steps]
+    ticks = []
+    for y, (row, steps) in enumerate(reversed(rows)):
+        ax.plot(steps, [y] * len(steps), ls="none", label="_nolegend_", **STRIP_ROWS[row][1])
+        label = STRIP_ROWS[row][0] + (" (intended)" if row in intended else "")
+        ticks.append((y, f"{label}: {len(steps)} step{'s' if len(steps) != 1 else ''}"))
+    if not ticks:
+        ticks.append((0, "no findings, no actions"))
+    ax.set_yticks([y for y, _ in ticks], [t for _, t in ticks], fontsize=7)
+    ax.set_ylim(-0.6, max(len(ticks), 1) - 0.4)
+    ax.set_ylabel("guard", fontsize=8)
+    ax.tick_params(axis="x", labelsize=7)
+    ax.grid(axis="x", alpha=0.3)
+
+
+def _shade_after_halt(axes: Sequence[Axes], result: ReplayResult) -> list[tuple[Patch, str]]:
+    """Grey out the steps after the halt on every panel: the run would have stopped there."""
+    halt, steps = result.halt_step, result.history.steps
+    if halt is None or not steps or steps[-1][0] <= halt:
+        return []
+    patch = None
+    for ax in axes:
+        patch = ax.axvspan(halt, steps[-1][0], color="0.85", alpha=0.5, lw=0, zorder=0)
+    assert patch is not None
+    return [(patch, "after the halt: the run would have stopped")]
+
+
 def replay_figure(result: ReplayResult) -> Figure:
     """One panel per metric present, each with its reference line and legend; findings, first
-    action and halt as vertical lines, named in a legend under the panels."""
+    action and halt as vertical lines, named in a legend under the panels; a strip under them
+    with a mark per step where the guard found, skipped, rewoke (repaired) or halted."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     panels = [(r, label) for r, label in PANELS if r in result.history.keys]
-    fig = Figure(figsize=(11, 2.0 * len(panels) + 1.2), layout="constrained")
+    fig = Figure(figsize=(11, 2.0 * len(panels) + 2.2), layout="constrained")
     FigureCanvasAgg(fig)
-    axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
+    axes = fig.subplots(
+        len(panels) + 1,
+        1,
+        sharex=True,
+        squeeze=False,
+        gridspec_kw={"height_ratios": [2.0] * len(panels) + [1.2]},
+    )[:, 0]
     markers = _draw_markers(axes, result)
+    markers += _shade_after_halt(axes, result)
     for ax, (role, label) in zip(axes, panels):
         _draw_panel(ax, result, role, label)
+    _draw_guard_strip(axes[-1], result)
     axes[-1].set_xlabel("step", fontsize=8)
     if markers:
         handles, labels = zip(*markers)

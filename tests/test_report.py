@@ -49,8 +49,9 @@ def test_plot_has_one_panel_per_metric_present(tmp_path, collapsed_result):
     plot_replay(replay(load_history(loss_only)), small)
     (w_full, h_full), (w_small, h_small) = png_size(full), png_size(small)
     assert w_full == w_small
-    # four panels (loss, entropy, truncation, eval) vs one: the figure grows with them
-    assert h_full > 2.5 * h_small
+    # four panels (loss, entropy, truncation, eval) vs one, each over the guard strip: the
+    # figure grows with them
+    assert h_full > 2.2 * h_small
 
 
 def test_plot_of_a_run_without_findings_and_with_nan(tmp_path):
@@ -171,8 +172,9 @@ def test_plot_draws_the_bounds_first_action_and_halt_in_legends(tmp_path):
     assert any(t.startswith(f"−ln V (V={QWEN3_V}) = −11.931") for t in texts)
     assert "first action: rewake at step 40" in texts and "halt at step 42" in texts
     assert f"{Code.LOSS_JSD_CEILING} (first at step 40)" in texts
-    for ax in fig.axes:  # a legend in every panel: its series, and its bound where it has one
+    for ax in fig.axes[:-1]:  # a legend in every panel: its series, its bound where it has one
         assert ax.get_legend() is not None
+    assert fig.axes[-1] is strip(fig)  # the guard strip names its rows on the y axis instead
     # the loss reaches the ceiling: the ceiling line is inside the panel, not noted off scale
     loss = panel(fig, "loss")
     low, high = loss.get_ylim()
@@ -257,3 +259,48 @@ def test_no_labels_collide_on_the_rewake_then_halt_run(tmp_path, monkeypatch):
     texts = drawn_texts(replay_figure(ceiling_from_step_40(tmp_path)), monkeypatch)
     assert {"first action: rewake at step 40", "halt at step 42"} <= {t for t, _ in texts}
     assert overlapping(texts) == []
+
+
+# ---------------------------------------------------------------- the guard strip
+
+
+def strip(fig: Figure) -> Axes:
+    return panel(fig, "guard")
+
+
+def marks(ax: Axes, marker: str) -> list[float]:
+    """The x of every point drawn with ``marker`` on ``ax``."""
+    return [x for line in ax.get_lines() if line.get_marker() == marker for x in line.get_xdata()]
+
+
+def test_the_guard_strip_marks_each_rewake_and_the_halt_with_their_counts(tmp_path):
+    result = ceiling_from_step_40(tmp_path)
+    fig = replay_figure(result)
+    ax = strip(fig)
+    assert marks(ax, "^") == [40, 41]  # the rewakes (reloads) before the halt
+    assert marks(ax, "X") == [42]  # the halt, once: the run stops there
+    assert sorted(marks(ax, "|")) == list(range(40, 80))  # every critical step, after it too
+    # top to bottom: findings, the rewakes (intended: a replay has no live teacher), the halt
+    assert [t.get_text() for t in ax.get_yticklabels()][::-1] == [
+        "findings at warn+: 40 steps",
+        "rewake: teacher reload + verify (intended): 2 steps",
+        "halt: 1 step",
+    ]
+    assert "after the halt: the run would have stopped" in legend_texts(fig)
+
+
+def test_the_guard_strip_of_a_quiet_run_says_so(tmp_path):
+    path = write_jsonl(healthy_history(30, spike_step=None), tmp_path / "q.jsonl")
+    fig = replay_figure(replay(load_history(path)))
+    assert [t.get_text() for t in strip(fig).get_yticklabels()] == ["no findings, no actions"]
+    assert not any(line.get_marker() in ("^", "X", "x") for line in strip(fig).get_lines())
+
+
+def test_monitor_only_marks_what_the_guard_would_have_done(tmp_path):
+    rows = list(healthy_history(80, seed=0, spike_step=None))
+    for r in rows[40:]:
+        r["train/loss"] = 0.69
+    path = write_jsonl(rows, tmp_path / "ceiling40.jsonl")
+    fig = replay_figure(replay(load_history(path), "monitor_only"))
+    labels = [t.get_text() for t in strip(fig).get_yticklabels()]
+    assert "halt (intended): 1 step" in labels
