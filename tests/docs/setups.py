@@ -1,0 +1,286 @@
+"""What each documented snippet takes from its surroundings, and what running it must do.
+
+A setup fills a :class:`Context`: the names a snippet uses without defining them (the user's
+teacher, loader, model), the placeholders it shows (``http://127.0.0.1:30000``, ``/ckpt/teacher``,
+``DIR``) with what stands for them here (a reference server on a free port, a tiny model on
+disk), and a check of what the snippet did. The snippet itself runs as written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import types
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from distill_guard.testing.histories import collapsed_history, healthy_history, write_jsonl
+from distill_guard.testing.servers import reference_teacher
+from distill_guard.testing.tiny import build_tiny_qwen3
+
+URL = "http://127.0.0.1:30000"
+"""The server address the docs show."""
+
+
+@dataclass
+class Context:
+    cwd: Path
+    stack: contextlib.ExitStack
+    namespace: dict[str, Any] = field(default_factory=dict)
+    substitutions: dict[str, str] = field(default_factory=dict)
+    """Placeholder → what stands for it here (whole shell words; substrings of Python code)."""
+    check: Callable[[dict[str, Any]], None] = lambda ns: None
+    """Runs after the snippet, with its namespace (empty for shell snippets)."""
+
+    def tiny_model(self, vocab_size: int = 512) -> Path:
+        path = self.cwd / f"tiny{vocab_size}"
+        if not path.exists():
+            build_tiny_qwen3(path, vocab_size=vocab_size)
+        return path
+
+    def serve(self, **teacher_kwargs: Any) -> str:
+        """A reference server over a tiny model, standing for the docs' ``URL``."""
+        url, _ = self.stack.enter_context(reference_teacher(self.tiny_model(), **teacher_kwargs))
+        self.substitutions[URL] = url
+        return url
+
+
+SETUPS: dict[str, Callable[[Context], None]] = {}
+
+
+def setup(name: str) -> Callable[[Callable[[Context], None]], Callable[[Context], None]]:
+    def register(fn: Callable[[Context], None]) -> Callable[[Context], None]:
+        SETUPS[name] = fn
+        return fn
+
+    return register
+
+
+NO_BACKUP = {"enable_memory_saver": True, "enable_cpu_backup": False, "fault": "zeros"}
+"""A colocated teacher as SGLang leaves it by default: zeroed weights after every wake."""
+
+
+def _events(path: Path) -> list[dict[str, Any]]:
+    from distill_guard.events import read_events
+
+    return read_events(path)
+
+
+# ---------------------------------------------------------------------- README.md
+
+
+@setup("plain-loop")
+def plain_loop(ctx: Context) -> None:
+    """The user's loop over a tiny Qwen3 whose teacher dies after three healthy steps."""
+    from tests.integrations._tiny import jsd, kill, student_of, tiny_qwen3, token_rows
+
+    teacher = tiny_qwen3()
+    student = student_of(teacher)
+    rows = token_rows(32)
+    loader = [
+        {k: torch.tensor([r[k] for r in rows[i : i + 4]]) for k in rows[0]} for i in range(0, 32, 4)
+    ]
+
+    class DyingTeacher(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner, self.calls = teacher, 0
+
+        def forward(self, **kw: Any) -> Any:
+            self.calls += kw["input_ids"].shape[0] == 4  # a batch, not the guard's canary
+            if self.calls == 4:
+                kill(teacher)
+            return self.inner(**kw)
+
+    ctx.namespace.update(
+        torch=torch,
+        loader=loader,
+        teacher=DyingTeacher(),
+        student=student,
+        optimizer=torch.optim.AdamW(student.parameters(), lr=1e-3),
+        distill_loss=lambda s, t: jsd(s, t, torch.ones(s.shape[:-1])),
+    )
+
+    def check(ns: dict[str, Any]) -> None:
+        sg = ns["sg"]
+        # dead from step 3; the default policy skips twice, then halts
+        assert sg.halted and ns["step"] == 5 and sg.skipped_updates == 3
+        assert (ctx.cwd / "halt.pt").exists()
+        halt = [e for e in _events(ctx.cwd / "guard.jsonl") if e["kind"] == "halt"]
+        assert "teacher.uniform" in halt[0]["message"]
+
+    ctx.check = check
+
+
+@setup("live-teacher")
+def live_teacher(ctx: Context) -> None:
+    """A reference server whose teacher loses its weights at every wake."""
+    ctx.serve(**NO_BACKUP)
+    ctx.namespace["steps"] = 3
+
+    def check(ns: dict[str, Any]) -> None:
+        guard = ns["guard"]
+        assert ns["decision"].repaired and not guard.halted
+        repairs = [e for e in _events(ctx.cwd / "guard.jsonl") if e["kind"] == "repair.ok"]
+        assert len(repairs) == ns["steps"] - 1  # every wake after the first sleep
+
+    ctx.check = check
+
+
+@setup("build-guard")
+def build_guard_strict(ctx: Context) -> None:
+    def check(ns: dict[str, Any]) -> None:
+        guard = ns["guard"]
+        assert guard.run.vocab_size == 151936
+        drift = next(c for c in guard.checks if type(c).__name__ == "EntropyDriftCheck")
+        assert drift.threshold_sigma == 4
+        assert guard.policy.halt_after_critical_steps == 2  # strict, not default's 3
+
+    ctx.check = check
+
+
+@setup("live-server")
+def live_server(ctx: Context) -> None:
+    """The CLI against a reference server without weights backup, and a model to serve."""
+    from distill_guard.testing.servers import free_port
+
+    ctx.serve(**NO_BACKUP)
+    ctx.substitutions["DIR"] = str(ctx.tiny_model())
+    ctx.substitutions["30000"] = str(free_port())
+
+
+@setup("run-history")
+def run_history(ctx: Context) -> None:
+    """A run's metric history, as Relax logs it (JSONL) and as wandb exports it (CSV)."""
+    import csv
+
+    write_jsonl(collapsed_history(), ctx.cwd / "run.jsonl")
+    rows = list(healthy_history(100))
+    with (ctx.cwd / "run.csv").open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["_step", "train/opd_loss", "train/entropy_loss"])
+        for r in rows:
+            w.writerow([r["train/step"], r["train/loss"], r["train/entropy_loss"]])
+
+
+# ---------------------------------------------------------------------- docs/teachers.md
+
+
+@setup("sglang-http")
+def sglang_http(ctx: Context) -> None:
+    ctx.serve()
+
+    def check(ns: dict[str, Any]) -> None:
+        assert ns["teacher"].vocab_size == 512
+
+    ctx.check = check
+
+
+@setup("sglang-engine")
+def sglang_engine(ctx: Context) -> None:
+    """``sglang`` stands in as a module whose ``Engine`` has sglang.Engine's signatures."""
+    from distill_guard.teachers import TorchTeacher
+    from tests.teachers.test_sglang_engine import FakeEngine
+
+    model = ctx.tiny_model()
+
+    def engine(model_path: str, enable_memory_saver: bool, enable_weights_cpu_backup: bool):
+        return FakeEngine(
+            TorchTeacher.from_pretrained(
+                model_path,
+                enable_memory_saver=enable_memory_saver,
+                enable_cpu_backup=enable_weights_cpu_backup,
+            )
+        )
+
+    fake = types.ModuleType("sglang")
+    fake.Engine = engine  # type: ignore[attr-defined]
+    ctx.stack.enter_context(_module("sglang", fake))
+    ctx.namespace["engine"] = engine(str(model), True, True)
+    ctx.substitutions["/ckpt/teacher"] = str(model)
+
+    def check(ns: dict[str, Any]) -> None:
+        scores = ns["teacher"].score([[1, 2, 3, 4]], top_k=2)
+        assert torch.isfinite(torch.as_tensor(scores.token_logprobs[0])).all()
+
+    ctx.check = check
+
+
+@setup("torch-teacher")
+def torch_teacher(ctx: Context) -> None:
+    ctx.substitutions["/ckpt/teacher"] = str(ctx.tiny_model())
+
+    def check(ns: dict[str, Any]) -> None:
+        teacher = ns["teacher"]
+        teacher.release()
+        teacher.resume()  # without the backup: zeroed, as SGLang's default leaves it
+        assert all(bool((p == 0).all()) for p in teacher.model.parameters())
+
+    ctx.check = check
+
+
+def _dead_after_wake(ctx: Context) -> Any:
+    from distill_guard.teachers import TorchTeacher
+
+    return TorchTeacher.from_pretrained(ctx.tiny_model(), **NO_BACKUP)
+
+
+@setup("canary")
+def canary(ctx: Context) -> None:
+    ctx.namespace.update(teacher=_dead_after_wake(ctx), step=0)
+
+    def check(ns: dict[str, Any]) -> None:
+        assert "teacher.uniform" in {f.code for f in ns["findings"]}
+
+    ctx.check = check
+
+
+@setup("repair")
+def repair(ctx: Context) -> None:
+    import logging
+
+    from distill_guard.live.canary import Canary
+
+    teacher = _dead_after_wake(ctx)
+    canary = Canary(length=16, seed=0, top_k=4)
+    canary.fingerprint(teacher, 0)
+    teacher.release()
+    teacher.resume()  # the weights are gone
+    ctx.namespace.update(
+        teacher=teacher, canary=canary, step=1, log=logging.getLogger("distill_guard.docs")
+    )
+
+    def check(ns: dict[str, Any]) -> None:
+        outcome = ns["outcome"]
+        assert outcome.ok and outcome.attempts == 1
+        assert [f.code for f in outcome.findings] == ["teacher.repaired"]
+
+    ctx.check = check
+
+
+@setup("preflight")
+def preflight(ctx: Context) -> None:
+    ctx.namespace["teacher"] = _dead_after_wake(ctx)
+
+    def check(ns: dict[str, Any]) -> None:
+        codes = [f.code for f in ns["findings"]]
+        assert codes.count("config.no_weights_backup") == 2, codes
+
+    ctx.check = check
+
+
+@contextlib.contextmanager
+def _module(name: str, module: types.ModuleType) -> Any:
+    saved = sys.modules.get(name)
+    sys.modules[name] = module
+    try:
+        yield module
+    finally:
+        if saved is None:
+            sys.modules.pop(name, None)
+        else:
+            sys.modules[name] = saved

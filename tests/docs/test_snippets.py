@@ -1,0 +1,180 @@
+"""Every code block of README.md and docs/*.md runs as written.
+
+Python snippets are executed in the namespace their setup gives (``tests/docs/setups.py``), then
+the setup checks what they did. Shell snippets run line by line, each by its command:
+
+- ``distill-guard ...`` runs the CLI for real, in this process (a server it names is a
+  reference server on loopback; ``serve-reference`` runs as a child process and must answer
+  ``/health``); exit 0 or 1 (findings) pass, anything else or a traceback fails;
+- ``make TARGET`` must be a target the Makefile can make (``make -n``: the targets build a venv
+  and run for minutes, which is CI's own job);
+- ``python -m examples.<app> OVERRIDES`` must compose with Hydra (the demo is a 100 s job);
+- ``pip install ...`` must name only extras pyproject.toml defines and the torch the Makefile
+  pins (the installed metadata's extras; ``scripts/install_matrix.sh`` installs them for real);
+
+and any other command fails the test until it is given a runner here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .setups import SETUPS, Context
+from .snippets import ROOT, Snippet, snippets
+
+ALL = snippets()
+BIN = Path(sys.executable).parent
+
+
+def test_the_docs_have_snippets_and_every_python_snippet_names_its_setup():
+    assert len(ALL) >= 15
+    unnamed = [s.id for s in ALL if s.kind == "python" and s.setup is None]
+    assert not unnamed, f"add <!-- snippet: NAME --> and a setup in tests/docs/setups.py: {unnamed}"
+    unknown = [s.id for s in ALL if s.setup is not None and s.setup not in SETUPS]
+    assert not unknown, f"no setup of that name in tests/docs/setups.py: {unknown}"
+
+
+@pytest.mark.parametrize("snip", ALL, ids=[s.id for s in ALL])
+def test_snippet_runs_as_written(snip: Snippet, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with contextlib.ExitStack() as stack:
+        ctx = Context(cwd=tmp_path, stack=stack)
+        if snip.setup is not None:
+            SETUPS[snip.setup](ctx)
+        if snip.kind == "python":
+            _run_python(snip, ctx)
+        else:
+            for words in _commands(snip.code):
+                _run_command([ctx.substitutions.get(w, w) for w in words], ctx)
+
+
+def _run_python(snip: Snippet, ctx: Context) -> None:
+    code = snip.code
+    for placeholder, value in ctx.substitutions.items():
+        code = code.replace(placeholder, value)
+    ns = {"__name__": "__snippet__", **ctx.namespace}
+    exec(compile(code, snip.id, "exec"), ns)  # noqa: S102 - the documented code, run as written
+    ctx.check(ns)
+
+
+def _commands(code: str) -> list[list[str]]:
+    """The shell lines of a snippet as words (continuations joined, comments and a ``$ ``
+    prompt dropped)."""
+    out = []
+    for line in code.replace("\\\n", " ").splitlines():
+        words = shlex.split(line.removeprefix("$ "), comments=True)
+        if words:
+            out.append(words)
+    return out
+
+
+def _run_command(words: list[str], ctx: Context) -> None:
+    runner = {
+        "distill-guard": _distill_guard,
+        "make": _make,
+        "python": _python_module,
+        "pip": _pip_install,
+    }.get(words[0])
+    assert runner is not None, f"no runner for {shlex.join(words)!r}: add one to {__file__}"
+    runner(words, ctx)
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def _distill_guard(words: list[str], ctx: Context) -> None:
+    """The CLI's ``main`` with the snippet's words (the console script calls just that; a
+    server it starts runs in a child process, as a user's would)."""
+    from distill_guard.cli import main
+
+    assert shutil.which("distill-guard", path=str(BIN)), "no distill-guard console script"
+    if words[1] == "serve-reference":
+        _serve_reference([str(BIN / "distill-guard"), *words[1:]], words)
+        return
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(words[1:])
+        except SystemExit as exc:
+            code = exc.code
+    said = f"{shlex.join(words)} exited {code}:\n{out.getvalue()[-3000:]}\n{err.getvalue()[-3000:]}"
+    assert code in (0, 1), said
+    assert "Traceback" not in err.getvalue(), said
+
+
+def _serve_reference(argv: list[str], words: list[str]) -> None:
+    import httpx
+
+    port = words[words.index("--port") + 1]
+    proc = subprocess.Popen(argv, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1.0).status_code == 200:
+                    break
+            assert time.monotonic() < deadline, f"{shlex.join(words)}: no /health in 60 s"
+            time.sleep(0.2)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+
+
+def _make(words: list[str], ctx: Context) -> None:
+    done = subprocess.run(["make", "-n", *words[1:]], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, f"{shlex.join(words)}: {done.stderr}"
+
+
+APPS = {"examples.sdpo_sciknoweval.app": ("examples/sdpo_sciknoweval/app.py", "sdpo_sciknoweval")}
+"""Hydra apps the docs run: module → (file, config name in conf/)."""
+
+
+def _python_module(words: list[str], ctx: Context) -> None:
+    """The app's config composed with the command's overrides, as ``python -m`` would."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    assert words[1] == "-m" and words[2] in APPS, f"no runner for {shlex.join(words)!r}"
+    source, config_name = APPS[words[2]]
+    assert f'config_name="{config_name}"' in (ROOT / source).read_text()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+            cfg = compose(config_name, overrides=words[3:])
+    finally:
+        GlobalHydra.instance().clear()
+    assert cfg, shlex.join(words)
+
+
+def _pip_install(words: list[str], ctx: Context) -> None:
+    from packaging.requirements import Requirement
+
+    assert words[1] == "install", shlex.join(words)
+    from importlib.metadata import metadata
+
+    extras = set(metadata("distill_guard").get_all("Provides-Extra") or [])
+    makefile = (ROOT / "Makefile").read_text()
+    for word in words[2:]:
+        if word.startswith("-") or word.startswith("http"):
+            continue
+        req = Requirement(word)
+        if req.name.replace("-", "_") == "distill_guard":
+            assert req.extras <= extras, f"{word}: no such extra (pyproject has {sorted(extras)})"
+        elif req.name == "torch":
+            assert f'"torch{req.specifier}"' in makefile, f"{word}: not the Makefile's torch pin"
+        else:
+            raise AssertionError(f"{shlex.join(words)}: installs {req.name}, not distill_guard")
