@@ -4,7 +4,8 @@
   module's ``teacher`` attribute, or handed over with :meth:`DistillGuardCallback.observe_teacher_logits`)
   are judged; a step that trained on a dead teacher gets its gradients dropped, so the optimizer
   does not move.
-- ``on_train_batch_end``: the step's logged metrics (``self.log(..., on_step=True)``) are judged;
+- ``on_train_batch_end``: the step's logged metrics (``self.log(..., on_step=True)``) are judged,
+  and the guard's own ``guard/*`` metrics logged (``pl_module.log_dict``, to every logger);
   on a halt every rank saves the checkpoint (``trainer.save_checkpoint``, a collective) and sets
   ``trainer.should_stop``. The decision is already the same on every rank: the guard's reducer
   (:mod:`distill_guard.consensus`, attached in ``setup``) agreed on it.
@@ -101,6 +102,8 @@ class DistillGuardCallback(GuardedCallback, pl.Callback):
         step, self._updated = self._updated, None
         if not self.step_guard.halted:
             self.step_guard.after_logs(step, trainer.callback_metrics, skip_if_absent=False)
+        # the guard/* metrics go to the module's loggers with the step's own metrics
+        pl_module.log_dict(self.step_guard.metrics, on_step=True, on_epoch=False, logger=True)
         halt = self.step_guard.halted
         if trainer.world_size > 1:  # already agreed by the reducer; the strategy makes it certain
             halt = trainer.strategy.reduce_boolean_decision(halt, all=False)

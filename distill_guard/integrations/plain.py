@@ -43,6 +43,7 @@ from distill_guard.metric_names import as_float, pick_metrics
 from distill_guard.observations import Metric
 from distill_guard.policy import Action, Decision
 from distill_guard.signals import DEFAULT_CHUNK_ROWS, teacher_logprobs_from_logits
+from distill_guard.summary import VERDICT_SKIP, VERDICT_TRAIN
 
 log = logging.getLogger("distill_guard")
 
@@ -136,7 +137,7 @@ class StepGuard:
         and :meth:`after_update` leaves the loss out (it was already seen)."""
         self.last_decision: Decision = Decision(None, Action.CONTINUE)
         """The decision behind the last :meth:`before_update` / :meth:`after_update`."""
-        self.skipped_updates = 0
+        self._verdict = VERDICT_TRAIN
         self._topk: list[torch.Tensor] = []
         self._token: list[torch.Tensor] = []
         self._ids: list[torch.Tensor] = []
@@ -351,8 +352,9 @@ class StepGuard:
             )
         self.last_decision = decision
         update = not (decision.acts or self.guard.halted)
+        self._verdict = VERDICT_TRAIN if update else VERDICT_SKIP
         if not update:
-            self.skipped_updates += 1
+            self.guard.summary.add_skipped_update()
             log.info(
                 "distill_guard: step %s update skipped (%s)", step, decision.message or "halted"
             )
@@ -414,6 +416,17 @@ class StepGuard:
         return self.last_decision
 
     # ------------------------------------------------------------------ state
+
+    @property
+    def skipped_updates(self) -> int:
+        """Updates :meth:`before_update` dropped over the run (kept in the guard's state)."""
+        return self.guard.summary.skipped_updates
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """The ``guard/*`` metrics of the last step (:data:`distill_guard.summary.GUARD_METRICS`),
+        to log with the step's own metrics: ``wandb.log({**logs, **sg.metrics})``."""
+        return self.guard.summary.metrics(repairs=self.guard.repairs, verdict=self._verdict)
 
     @property
     def halted(self) -> bool:

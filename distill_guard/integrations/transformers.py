@@ -57,6 +57,9 @@ class DistillGuardCallback(GuardedCallback, TrainerCallback):
         self.raw_loss_source = False
         """Set by :class:`GuardedDistillationMixin` when it joins the trainer: every raw training
         loss will reach the guard before the update."""
+        self.first = False
+        """Set by :meth:`go_first` (the mixin and :func:`guard_trainer` call it): the
+        ``report_to`` integrations see the ``guard/*`` metrics."""
         self._stopping = False
 
     def watch_teacher(self, teacher: torch.nn.Module) -> Any:
@@ -78,11 +81,28 @@ class DistillGuardCallback(GuardedCallback, TrainerCallback):
                 "distill_guard: logging_nan_inf_filter is on, so on_log never shows a NaN loss; "
                 "use GuardedDistillationMixin (or observe_loss) to judge the raw loss"
             )
+        if not self.first and getattr(args, "report_to", None) not in (None, [], "none", ["none"]):
+            log.info(
+                "distill_guard: the guard/* metrics reach state.log_history but not report_to=%s, "
+                "whose callbacks run before this one; use GuardedDistillationMixin or "
+                "guard_trainer(trainer), which put the guard's callback first",
+                args.report_to,
+            )
 
     def on_step_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         self.step_guard.collecting = True
+
+    def go_first(self, trainer: Any) -> None:
+        """Move this callback to the front of ``trainer``'s callbacks: the Trainer lists its
+        ``report_to`` callbacks (wandb, TensorBoard, ...) before the user's, so only from the
+        front do the ``guard/*`` keys this callback adds in ``on_log`` reach them."""
+        callbacks = trainer.callback_handler.callbacks
+        if self in callbacks:
+            callbacks.remove(self)
+            callbacks.insert(0, self)
+            self.first = True
 
     def on_pre_optimizer_step(
         self,
@@ -120,6 +140,13 @@ class DistillGuardCallback(GuardedCallback, TrainerCallback):
     ) -> None:
         # logs are identical on every rank, so every rank feeds (or skips) alike
         self.step_guard.after_logs(max(state.global_step - 1, 0), logs or {})
+        if logs is not None and "loss" in logs:  # a training log, not an eval or the summary
+            # reporting callbacks after this one see the keys in logs; log_history holds a copy
+            # of logs, made just before on_log (Trainer.log)
+            metrics = self.step_guard.metrics
+            logs.update(metrics)
+            if state.log_history and state.log_history[-1].get("step") == state.global_step:
+                state.log_history[-1].update(metrics)
         if self.step_guard.halted:
             self._stop(control, state)
 
@@ -178,6 +205,7 @@ def guard_trainer(
     if cb is None:
         cb = DistillGuardCallback(guard, **callback_kwargs)
         trainer.add_callback(cb)
+    cb.go_first(trainer)
     teacher = teacher if teacher is not None else getattr(trainer, teacher_attr, None)
     if isinstance(teacher, torch.nn.Module):
         watch_trainer_teacher(trainer, cb, teacher)
@@ -288,6 +316,7 @@ class GuardedDistillationMixin:
         cb = find_guard_callback(self)
         if cb is not None:
             cb.raw_loss_source = True  # so on_train_begin does not advise what is in use
+            cb.go_first(self)
 
     def compute_loss(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
         cb = self._distill_guard_callback()

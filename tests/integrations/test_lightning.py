@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -63,7 +64,7 @@ class Killer(pl.Callback):
             self.poison(pl_module.teacher)
 
 
-def fit(tmp_path, *, collapse_at=None, overrides=(), poison=kill):
+def fit(tmp_path, *, collapse_at=None, overrides=(), poison=kill, logger=False):
     teacher = tiny_qwen3(seed=0)
     module = Distill(teacher, student_of(teacher))
     start = params(module.student)
@@ -82,7 +83,8 @@ def fit(tmp_path, *, collapse_at=None, overrides=(), poison=kill):
         max_steps=MAX_STEPS,
         accelerator="cpu",
         devices=1,
-        logger=False,
+        logger=logger,
+        log_every_n_steps=1,
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -193,3 +195,32 @@ def test_two_rank_ddp_only_rank_1_sees_the_collapse_and_both_stop(tmp_path):
     assert (tmp_path / "checkpoints" / f"distill_guard-halt-step={halt_step}.ckpt").exists()
     for path in (ev, tmp_path / "events.rank1.jsonl"):
         assert [e["step"] for e in events(path) if e["kind"] == "halt"] == [halt_step]
+
+
+def test_the_old_guard_overrides_keyword_is_refused_with_its_new_name():
+    with pytest.raises(TypeError, match="'guard_overrides': it is now 'overrides'"):
+        DistillGuardCallback("default", guard_overrides=["alerts.use_wandb=false"])
+
+
+def test_guard_metrics_reach_the_loggers(tmp_path):
+    """Every step's guard/* metrics, in a real CSVLogger's file: clean steps, the dropped
+    updates after the collapse, then the halt."""
+    import csv
+
+    from lightning.pytorch.loggers import CSVLogger
+
+    logger = CSVLogger(str(tmp_path), name="csv", version=0)
+    trainer, _, cb, *_ = fit(tmp_path, collapse_at=COLLAPSE_AT, logger=logger)
+    assert trainer.callback_metrics["guard/halted"] == 1.0
+    with open(Path(logger.log_dir) / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    rows = [r for r in rows if r.get("guard/verdict")]
+    verdicts = [float(r["guard/verdict"]) for r in rows]
+    halt_step = COLLAPSE_AT + 2
+    assert verdicts == [0.0] * COLLAPSE_AT + [1.0, 1.0, 2.0], verdicts  # train, skip, skip, halt
+    skipped = [float(r["guard/skipped_updates"]) for r in rows]
+    assert skipped == [0.0] * COLLAPSE_AT + [1.0, 2.0, 3.0] == sorted(skipped)
+    assert float(rows[-1]["guard/halted"]) == 1.0 and float(rows[0]["guard/halted"]) == 0.0
+    assert float(rows[COLLAPSE_AT - 1]["guard/findings"]) == 0.0
+    assert float(rows[-1]["guard/findings"]) >= 3.0
+    assert len(rows) == halt_step + 1 and cb.step_guard.skipped_updates == 3

@@ -14,6 +14,7 @@ from distill_guard.integrations.transformers import (  # noqa: E402
     GUARD_STATE_FILE,
     DistillGuardCallback,
     GuardedDistillationMixin,
+    find_guard_callback,
     guard_trainer,
 )
 from distill_guard.observations import Metric  # noqa: E402
@@ -73,7 +74,16 @@ class Recorder(transformers.TrainerCallback):
             kill(self.teacher)
 
 
-def run(tmp_path, *, collapse_at=None, nan_at=None, trainer_cls=GuardedTinyGKDTrainer, **cb):
+def run(
+    tmp_path,
+    *,
+    collapse_at=None,
+    nan_at=None,
+    trainer_cls=GuardedTinyGKDTrainer,
+    report_to="none",
+    before_train=None,
+    **cb,
+):
     teacher = tiny_qwen3(seed=0)
     student = student_of(teacher)
     start = params(student)
@@ -91,7 +101,7 @@ def run(tmp_path, *, collapse_at=None, nan_at=None, trainer_cls=GuardedTinyGKDTr
         learning_rate=1e-3,
         logging_steps=1,
         save_strategy="no",
-        report_to="none",
+        report_to=report_to,
         use_cpu=True,
         remove_unused_columns=False,
         disable_tqdm=True,
@@ -105,6 +115,8 @@ def run(tmp_path, *, collapse_at=None, nan_at=None, trainer_cls=GuardedTinyGKDTr
         nan_at=nan_at,
         callbacks=[rec, callback],
     )
+    if before_train is not None:
+        before_train(trainer)
     trainer.train()
     return trainer, callback, rec, start, ev
 
@@ -218,3 +230,93 @@ def test_on_log_maps_keys_to_roles_and_halts_on_metrics(tmp_path):
     assert {f.code for f in seen} == {"loss.jsd_ceiling"} and seen[0].step == 0
     assert control.should_training_stop and control.should_save
     assert cb.guard.halt.step == 2
+
+
+def test_the_old_guard_overrides_keyword_is_refused_with_its_new_name():
+    with pytest.raises(TypeError, match="'guard_overrides': it is now 'overrides'"):
+        DistillGuardCallback("default", guard_overrides=["alerts.use_wandb=false"])
+    with pytest.raises(TypeError, match="unexpected keyword argument 'overides'"):
+        DistillGuardCallback("default", overides=["alerts.use_wandb=false"])
+    trainer = TinyGKDTrainer(
+        model=student_of(tiny_qwen3()),
+        args=transformers.TrainingArguments(output_dir="unused", report_to="none", use_cpu=True),
+        train_dataset=token_rows(4),
+        teacher_model=tiny_qwen3(),
+    )
+    with pytest.raises(TypeError, match="it is now 'overrides'"):
+        guard_trainer(trainer, "default", guard_overrides=["alerts.use_wandb=false"])
+
+
+GUARD_KEYS = {
+    "guard/findings",
+    "guard/skipped_updates",
+    "guard/repairs",
+    "guard/halted",
+    "guard/verdict",
+}
+
+
+@pytest.mark.parametrize("way", ["mixin", "guard_trainer"])
+def test_guard_metrics_reach_the_report_to_callbacks_and_log_history(tmp_path, monkeypatch, way):
+    """The Trainer lists its report_to callbacks (here wandb, disabled) before the user's: the
+    mixin and guard_trainer put the guard's callback first, so wandb's on_log sees guard/*."""
+    from transformers.integrations import WandbCallback
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    reported: list[dict] = []
+
+    def spy(trainer):
+        if way == "guard_trainer":  # the callback joins after the Trainer was built
+            trainer.callback_handler.callbacks.remove(find_guard_callback(trainer))
+            guard_trainer(trainer, "default", overrides=["alerts.use_wandb=false"])
+        wandb_cb = next(
+            c for c in trainer.callback_handler.callbacks if isinstance(c, WandbCallback)
+        )
+        real = wandb_cb.on_log
+
+        def on_log(args, state, control, logs=None, **kwargs):
+            reported.append(dict(logs or {}))
+            return real(args, state, control, logs=logs, **kwargs)
+
+        wandb_cb.on_log = on_log
+
+    trainer_cls = GuardedTinyGKDTrainer if way == "mixin" else TinyGKDTrainer
+    trainer, cb, *_ = run(
+        tmp_path,
+        collapse_at=COLLAPSE_AT,
+        trainer_cls=trainer_cls,
+        report_to=["wandb"],
+        before_train=spy,
+    )
+    cb = find_guard_callback(trainer)
+    callbacks = trainer.callback_handler.callbacks
+    assert callbacks[0] is cb and cb.first
+    steps = [r for r in reported if "loss" in r]
+    assert steps and all(r.keys() >= GUARD_KEYS for r in steps), steps[:1]
+    history = [h for h in trainer.state.log_history if "loss" in h]
+    assert [{k: h[k] for k in GUARD_KEYS} for h in history] == [
+        {k: r[k] for k in GUARD_KEYS} for r in steps
+    ]
+    # before the collapse: trained and clean; after it: dropped updates counted, then the halt
+    assert history[0]["guard/verdict"] == 0.0 and history[0]["guard/findings"] == 0.0
+    last = history[-1]
+    assert last["guard/halted"] == 1.0 and last["guard/verdict"] == 2.0
+    assert last["guard/skipped_updates"] == float(cb.step_guard.skipped_updates) > 0
+    assert last["guard/findings"] >= 3.0 and last["guard/repairs"] == 0.0
+
+
+def test_the_callback_alone_logs_guard_metrics_to_log_history_and_says_where_they_miss(
+    tmp_path, monkeypatch, caplog
+):
+    """Placed by callbacks= without the mixin, the callback runs after wandb's: the keys reach
+    state.log_history, and one INFO line says how to have them reported."""
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    caplog.set_level(logging.INFO, logger="distill_guard")
+    trainer, cb, *_ = run(tmp_path, trainer_cls=TinyGKDTrainer, report_to=["wandb"])
+    history = [h for h in trainer.state.log_history if "loss" in h]
+    assert len(history) == MAX_STEPS and all(h.keys() >= GUARD_KEYS for h in history)
+    assert all(h["guard/verdict"] == 0.0 and h["guard/findings"] == 0.0 for h in history)
+    told = [r for r in caplog.records if "guard/* metrics reach state.log_history" in r.message]
+    assert len(told) == 1 and told[0].levelno == logging.INFO
