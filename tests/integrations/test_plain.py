@@ -73,6 +73,42 @@ def test_readme_snippet_runs_and_halts_on_a_dead_teacher(tmp_path, monkeypatch):
     assert sg.skipped_updates == 3 and (tmp_path / "halt.pt").exists()
     halt = [e for e in events(tmp_path / "guard.jsonl") if e["kind"] == "halt"]
     assert "teacher.uniform" in halt[0]["message"]
+    warn_or_worse = [
+        e
+        for e in events(tmp_path / "guard.jsonl")
+        if e["kind"] == "finding" and e["severity"] in ("warn", "critical")
+    ]
+    assert sg.metrics == {
+        "guard/findings": float(len(warn_or_worse)),
+        "guard/skipped_updates": 3.0,
+        "guard/repairs": 0.0,
+        "guard/halted": 1.0,
+        "guard/verdict": 2.0,
+    }
+    assert len(warn_or_worse) >= 3
+
+
+def test_metrics_say_what_each_step_did():
+    """``sg.metrics`` after each step: applied (0), dropped (1), halted (2), with the totals."""
+    teacher = tiny_qwen3()
+    sg = StepGuard("default", ["alerts.use_wandb=false"], teacher=teacher)
+    x = torch.tensor([r["input_ids"] for r in token_rows(4)])
+    seen = []
+    for step in range(6):
+        if step == 2:
+            kill(teacher)
+        with torch.no_grad():
+            sg.observe_teacher_logits(teacher(input_ids=x).logits)
+        sg.before_update(step)
+        sg.after_update(step, {"loss": 0.1})
+        m = sg.metrics
+        seen.append((m["guard/verdict"], m["guard/skipped_updates"], m["guard/halted"]))
+        if sg.halted:
+            break
+    assert seen == [(0, 0, 0), (0, 0, 0), (1, 1, 0), (1, 2, 0), (2, 3, 1)], seen
+    restored = StepGuard("default", ["alerts.use_wandb=false"])
+    restored.guard.load_state_dict(sg.guard.state_dict())
+    assert restored.skipped_updates == 3 and restored.metrics["guard/halted"] == 1.0
 
 
 def test_topk_from_logits_is_chunked_and_exact():
