@@ -5,17 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
+from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-import distill_guard.config  # noqa: F401  (registers guard/base_guard for the presets)
+import distill_guard.conf
 from distill_guard.integrations.hydra import instantiate_callbacks
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
+CONF = Path(distill_guard.conf.__file__).parent  # pkg://distill_guard.conf, as installed
 
 
 def _compose(*overrides):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+    with initialize_config_module(config_module="distill_guard.conf", version_base="1.3"):
         return compose(overrides=list(overrides))
 
 
