@@ -73,10 +73,33 @@ def _events(path: Path) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------------- README.md
 
 
+class DyingTeacher(torch.nn.Module):
+    """A teacher module whose weights are zeroed before its ``healthy + 1``-th batch forward
+    (batches of ``batch`` rows; the guard's one-row canary does not count)."""
+
+    def __init__(self, inner: torch.nn.Module, healthy: int = 3, batch: int = 4) -> None:
+        super().__init__()
+        self.inner, self.healthy, self.batch, self.calls = inner, healthy, batch, 0
+        self.config = getattr(inner, "config", None)
+
+    def forward(self, **kw: Any) -> Any:
+        from tests.integrations._tiny import kill
+
+        self.calls += kw["input_ids"].shape[0] == self.batch
+        if self.calls == self.healthy + 1:
+            kill(self.inner)
+        return self.inner(**kw)
+
+
+def _halt_event(path: Path) -> dict[str, Any]:
+    (halt,) = [e for e in _events(path) if e["kind"] == "halt"]
+    return halt
+
+
 @setup("plain-loop")
 def plain_loop(ctx: Context) -> None:
     """The user's loop over a tiny Qwen3 whose teacher dies after three healthy steps."""
-    from tests.integrations._tiny import jsd, kill, student_of, tiny_qwen3, token_rows
+    from tests.integrations._tiny import jsd, student_of, tiny_qwen3, token_rows
 
     teacher = tiny_qwen3()
     student = student_of(teacher)
@@ -84,22 +107,10 @@ def plain_loop(ctx: Context) -> None:
     loader = [
         {k: torch.tensor([r[k] for r in rows[i : i + 4]]) for k in rows[0]} for i in range(0, 32, 4)
     ]
-
-    class DyingTeacher(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.inner, self.calls = teacher, 0
-
-        def forward(self, **kw: Any) -> Any:
-            self.calls += kw["input_ids"].shape[0] == 4  # a batch, not the guard's canary
-            if self.calls == 4:
-                kill(teacher)
-            return self.inner(**kw)
-
     ctx.namespace.update(
         torch=torch,
         loader=loader,
-        teacher=DyingTeacher(),
+        teacher=DyingTeacher(teacher),
         student=student,
         optimizer=torch.optim.AdamW(student.parameters(), lr=1e-3),
         distill_loss=lambda s, t: jsd(s, t, torch.ones(s.shape[:-1])),
@@ -110,8 +121,7 @@ def plain_loop(ctx: Context) -> None:
         # dead from step 3; the default policy skips twice, then halts
         assert sg.halted and ns["step"] == 5 and sg.skipped_updates == 3
         assert (ctx.cwd / "halt.pt").exists()
-        halt = [e for e in _events(ctx.cwd / "guard.jsonl") if e["kind"] == "halt"]
-        assert "teacher.uniform" in halt[0]["message"]
+        assert "teacher.uniform" in _halt_event(ctx.cwd / "guard.jsonl")["message"]
 
     ctx.check = check
 
@@ -165,6 +175,61 @@ def run_history(ctx: Context) -> None:
         w.writerow(["_step", "train/opd_loss", "train/entropy_loss"])
         for r in rows:
             w.writerow([r["train/step"], r["train/loss"], r["train/entropy_loss"]])
+
+
+# ---------------------------------------------------------------------- docs/integrations.md
+
+
+@setup("lightning")
+def lightning(ctx: Context) -> None:
+    """``module``: a LightningModule distilling a tiny Qwen3 whose teacher dies after 3 steps."""
+    from tests.integrations._tiny import student_of, tiny_qwen3
+    from tests.integrations.test_lightning import Distill
+
+    teacher = tiny_qwen3(seed=0)
+    ctx.namespace["module"] = Distill(DyingTeacher(teacher), student_of(teacher))
+
+    def check(ns: dict[str, Any]) -> None:
+        guard, trainer = ns["guard"], ns["trainer"]
+        assert guard.guard.halt.step == 5 and trainer.global_step == 6  # skip, skip, halt
+        assert Path(guard.halt_checkpoint).exists()
+        assert "teacher.uniform" in _halt_event(ctx.cwd / "guard.jsonl")["message"]
+
+    ctx.check = check
+
+
+@setup("hydra-app")
+def hydra_app(ctx: Context) -> None:
+    """The app config is data: it must parse (the next snippet composes it)."""
+
+
+@setup("hydra-callbacks")
+def hydra_callbacks(ctx: Context) -> None:
+    """``cfg``: the app config of the docs (the ``hydra-app`` block) composed by Hydra."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from tests.docs.snippets import snippets
+
+    (app,) = [s for s in snippets() if s.setup == "hydra-app"]
+    conf = ctx.cwd / "conf"
+    conf.mkdir()
+    (conf / "train.yaml").write_text(app.code)
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(str(conf), version_base="1.3"):
+            ctx.namespace["cfg"] = compose("train")
+    finally:
+        GlobalHydra.instance().clear()
+
+    def check(ns: dict[str, Any]) -> None:
+        from distill_guard.integrations.lightning import DistillGuardCallback
+
+        (cb,) = [c for c in ns["trainer"].callbacks if isinstance(c, DistillGuardCallback)]
+        assert cb.guard.policy.halt_after_critical_steps == 3  # the composed default preset
+        assert str(cb.guard.events.path) == "guard.jsonl"
+
+    ctx.check = check
 
 
 # ---------------------------------------------------------------------- docs/teachers.md

@@ -1,7 +1,8 @@
 """The code blocks of README.md and docs/*.md, as the tests run them.
 
-A fenced block tagged ``python`` or ``bash`` (``sh``, ``shell``, ``console``) is a snippet; an
-untagged block is output or a diagram and is not run. The line before a snippet may name its
+A fenced block tagged ``python``, ``bash`` (``sh``, ``shell``, ``console``) or ``yaml`` is a
+snippet (a config: it must parse, and the setup of a snippet that uses it reads it); an untagged
+block is output or a diagram and is not run. The line before a snippet may name its
 setup, ``<!-- snippet: NAME -->`` (``tests/docs/setups.py``): the names the snippet takes from
 its surroundings (a teacher, a loader), the placeholders it shows (a server URL, a model
 directory) and what running it must have done. Every Python snippet names one.
@@ -21,6 +22,7 @@ RUN_LANGS = {
     "sh": "shell",
     "shell": "shell",
     "console": "shell",
+    "yaml": "yaml",
 }
 
 _FENCE = re.compile(r"^```(\w*)[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
@@ -34,7 +36,7 @@ class Snippet:
     line: int
     """The line of the opening fence."""
     kind: str
-    """``python`` or ``shell``."""
+    """``python``, ``shell`` or ``yaml``."""
     setup: str | None
     """The setup named by the marker above it, if any."""
     code: str

@@ -53,6 +53,10 @@ def test_snippet_runs_as_written(snip: Snippet, tmp_path, monkeypatch):
             SETUPS[snip.setup](ctx)
         if snip.kind == "python":
             _run_python(snip, ctx)
+        elif snip.kind == "yaml":
+            from omegaconf import OmegaConf
+
+            assert OmegaConf.create(snip.code) is not None
         else:
             for words in _commands(snip.code):
                 _run_command([ctx.substitutions.get(w, w) for w in words], ctx)
