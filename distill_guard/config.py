@@ -14,7 +14,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from distill_guard.alerts import Alerter
+from distill_guard.alerts import WEBHOOK_ENV, Alerter
 from distill_guard.checks import ChecksConfig
 from distill_guard.guard import DistillGuard
 from distill_guard.observations import RunSpec
@@ -28,9 +28,16 @@ CONF_DIR = "pkg://distill_guard.conf"
 @dataclass
 class AlertsConfig:
     use_wandb: bool = True
-    """Send alerts to the active wandb run (rank 0 only)."""
+    """Send alerts to the active wandb run (rank 0 only; an offline run writes them into its
+    own file, a disabled run drops them)."""
     min_interval_s: float = 600.0
-    """Per-title throttle in seconds."""
+    """Per-title throttle in seconds, one for every sink and the logger."""
+    webhook_url_env: str | None = WEBHOOK_ENV
+    """Environment variable holding a Slack-style incoming-webhook URL (the URL is a secret: it
+    never goes in a config); unset or empty, no webhook. None turns the webhook off."""
+    webhook_timeout_s: float = 5.0
+    """Bound of one webhook request. The training step never waits on it (a background thread
+    sends); the guard's ``close()`` waits up to 10 s for what is still queued."""
 
 
 @dataclass
@@ -133,7 +140,13 @@ def build_guard(
     kwargs.setdefault(
         "alerter",
         Alerter(
-            rank=rank, use_wandb=conf.alerts.use_wandb, min_interval_s=conf.alerts.min_interval_s
+            rank=rank,
+            use_wandb=conf.alerts.use_wandb,
+            min_interval_s=conf.alerts.min_interval_s,
+            webhook_env=conf.alerts.webhook_url_env,
+            webhook_timeout_s=conf.alerts.webhook_timeout_s,
         ),
     )
-    return DistillGuard(conf.checks.enabled(), conf.policy, conf.run, **kwargs)
+    guard = DistillGuard(conf.checks.enabled(), conf.policy, conf.run, **kwargs)
+    guard.preset = (spec or "default") if spec is None or isinstance(spec, str) else None
+    return guard

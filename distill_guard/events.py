@@ -1,12 +1,17 @@
-"""Append-only JSONL event log: one line per finding, decision, repair and alert."""
+"""Append-only JSONL event log: one line per finding, decision, repair and alert, framed by an
+``attached`` record (the guard's configuration) and a ``closed`` record (the run's summary)."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
+import threading
 import time
+from collections.abc import Mapping, Sequence
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +26,8 @@ class EventLog:
 
     Never raises into the trainer. An event that cannot be encoded is left out; after a write
     error (a full disk, a file-size limit) the log stops, since a torn line must stay the last.
-    Either way ``lost`` counts what was not written and ``close`` reports it.
+    Either way ``lost`` counts what was not written and ``close`` reports it. Thread-safe: an
+    alert sink reports its failures from its own thread.
     """
 
     def __init__(self, path: str | os.PathLike[str] | None, *, rank: int = 0) -> None:
@@ -30,6 +36,7 @@ class EventLog:
         self.lost = 0
         self._fd: int | None = None
         self._error: str | None = None
+        self._lock = threading.Lock()
 
     def set_rank(self, rank: int) -> None:
         """Tag events with ``rank``. Ranks above 0 write next to rank 0's file, as
@@ -41,6 +48,10 @@ class EventLog:
     def write(self, kind: str, **payload: Any) -> None:
         if self.path is None:
             return
+        with self._lock:
+            self._write(kind, payload)
+
+    def _write(self, kind: str, payload: dict[str, Any]) -> None:
         if self._error is not None:
             self.lost += 1
             return
@@ -69,6 +80,10 @@ class EventLog:
             )
 
     def close(self) -> None:
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
         if self._fd is not None:
             with contextlib.suppress(OSError):
                 os.fsync(self._fd)
@@ -81,6 +96,50 @@ class EventLog:
                 self.path,
                 f" (first write error: {self._error})" if self._error else "",
             )
+
+
+def attach_record(
+    *,
+    preset: str | None,
+    checks: Sequence[Any],
+    policy: Any,
+    run: Any,
+    canary: Any,
+    sinks: Sequence[Mapping[str, Any]],
+    rank: int,
+    teacher: str | None,
+) -> dict[str, Any]:
+    """The payload of the ``attached`` event: enough to tell, from the file alone, that a guard
+    watched this run and with which bounds. ``sinks`` are the alert sinks as they describe
+    themselves (never a secret)."""
+    from distill_guard import __version__
+
+    return {
+        "version": __version__,
+        "preset": preset,
+        "rank": rank,
+        "teacher": teacher,
+        "run": _config(run),
+        "policy": _config(policy),
+        "checks": {getattr(c, "name", type(c).__name__): _config(c) for c in checks},
+        "canary": _config(canary),
+        "alert_sinks": list(sinks),
+    }
+
+
+def _config(obj: Any) -> Any:
+    """A dataclass's configuration (its ``init`` fields), JSON-ready."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _config(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}
+    if isinstance(obj, Enum):
+        return obj.value
+    if isinstance(obj, (list, tuple)):
+        return [_config(v) for v in obj]
+    if isinstance(obj, dict):
+        return {str(k): _config(v) for k, v in obj.items()}
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    return repr(obj)
 
 
 def read_events(path: str | os.PathLike[str]) -> list[dict[str, Any]]:

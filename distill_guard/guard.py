@@ -26,7 +26,7 @@ import torch
 from distill_guard.alerts import Alerter, decision_alert
 from distill_guard.checks import Check, default_checks
 from distill_guard.checks.canary import CanaryCheck
-from distill_guard.events import EventLog
+from distill_guard.events import EventLog, attach_record
 from distill_guard.findings import TEACHER_FAULTS, Code, Finding, internal_error
 from distill_guard.live.canary import Canary
 from distill_guard.live.colocate import ColocatedTeacher
@@ -57,7 +57,8 @@ class DistillGuard:
         policy: findings → decision; the default preset's if None.
         run: vocabulary size and loss of the run (``RunSpec``); learnt from the teacher if absent.
         events: an :class:`EventLog` or a path for one (JSONL, flushed per line).
-        alerter: where alerts go; logger + wandb rank 0 by default.
+        alerter: where alerts go; logger + wandb rank 0 by default (the configured guard of
+            :func:`~distill_guard.config.build_guard` adds the webhook of ``alerts``).
         teacher: a live teacher (``distill_guard.teachers``) the guard sleeps, wakes, checks with
             the canary and repairs.
         canary: the canary (a :class:`Canary` or its :class:`CanaryCheck`); default if None.
@@ -94,6 +95,8 @@ class DistillGuard:
         self.run = run if run is not None else RunSpec()
         self.events = events if isinstance(events, EventLog) else EventLog(events, rank=rank)
         self.alerter = alerter if alerter is not None else Alerter(rank=rank)
+        self.preset: str | None = None
+        """The preset it was built from (:func:`~distill_guard.config.build_guard` sets it)."""
         if self.alerter.on_error is None:
             self.alerter.on_error = self._alert_failed
         self.reducer = reducer
@@ -111,6 +114,7 @@ class DistillGuard:
         self.module_canary: ModuleCanary | None = None
         """The canary of an in-process teacher module (:meth:`watch_module_teacher`)."""
         self._evidence: tuple[int, bool] | None = None
+        self._attached = self._closed = False
         if teacher is not None:
             self.attach_teacher(teacher)
 
@@ -293,7 +297,16 @@ class DistillGuard:
             self.module_canary.load_state_dict(state["module_canary"])
 
     def close(self) -> None:
-        """Flush and close the event log (call at the end of training or before a halt exit)."""
+        """Deliver pending alerts, write the ``closed`` record (the run's summary), and flush
+        and close the event log (call at the end of training or before a halt exit)."""
+        if not self._closed:
+            self._closed = True
+            self._announce()
+            try:
+                self.alerter.close()
+            except Exception:  # noqa: BLE001 - closing must not fail the trainer's exit
+                log.exception("distill_guard: closing the alert sinks raised")
+            self.events.write("closed", summary=self.summary.state_dict(), repairs=self.repairs)
         self.events.close()
 
     # ------------------------------------------------------------------ internals
@@ -320,10 +333,47 @@ class DistillGuard:
     def _conclude(self, stage: str, step: int, findings: list[Finding]) -> Decision:
         """The one place a decision is made; a fault of the guard's own here becomes
         ``guard.internal_error`` and a safe decision, never an exception in the trainer."""
+        self._announce()
         try:
             return self._decide(stage, step, findings)
         except Exception as exc:  # noqa: BLE001 - fail safe by design
             return self._safe_decision(stage, step, exc)
+
+    def _announce(self) -> None:
+        """The ``attached`` record, once, at the first hook (rank and teacher are known by then):
+        a run in which nothing was found still leaves a file that says it was watched, and how."""
+        if self._attached:
+            return
+        self._attached = True
+        try:
+            self._write_attached()
+        except Exception:  # noqa: BLE001 - a record must not cost the run its step
+            log.exception("distill_guard: writing the attach record raised")
+
+    def _write_attached(self) -> None:
+        spec = self.canary if self.canary is not None else self.canary_spec
+        teacher = self.teacher
+        record = attach_record(
+            preset=self.preset,
+            checks=self.checks,
+            policy=self.policy,
+            run=self.run,
+            canary=spec.check if isinstance(spec, Canary) else spec,
+            sinks=self.alerter.describe() if self.alerter.rank == 0 else [],
+            rank=self.rank,
+            teacher=type(teacher).__name__
+            if teacher is not None
+            else ("module" if self.module_canary is not None else None),
+        )
+        self.events.write("attached", **record)
+        log.info(
+            "distill_guard: attached on rank %d (preset %s, %d checks%s); alerts to %s",
+            self.rank,
+            self.preset or "custom",
+            len(self.checks),
+            ", monitor only" if self.policy.monitor_only else "",
+            ", ".join(["log", *(s["sink"] for s in record["alert_sinks"])]),
+        )
 
     def _safe_decision(self, stage: str, step: int, exc: Exception) -> Decision:
         log.exception("distill_guard: deciding at %s raised", stage)
@@ -446,5 +496,5 @@ class DistillGuard:
         self.events.write("alert", step=decision.step, title=title, level=level)
         self.alerter.alert(title, body, level)
 
-    def _alert_failed(self, title: str, exc: Exception) -> None:
-        self.events.write("alert_failed", title=title, error=f"{type(exc).__name__}: {exc}")
+    def _alert_failed(self, sink: str, title: str, error: str) -> None:
+        self.events.write("alert_failed", sink=sink, title=title, error=error)

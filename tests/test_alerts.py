@@ -1,13 +1,15 @@
-"""Alerts: logged always, sent to wandb on rank 0 only, throttled per title, never fatal."""
+"""Alerts: logged (once per incident), sent to the sinks on rank 0 only, throttled per title,
+never fatal. The webhook sink is tested against a real receiver in test_webhook.py."""
 
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 
-from distill_guard import alerts
 from distill_guard.alerts import MAX_TITLE, Alerter, alert_title
+from distill_guard.alerts import wandb as wandb_sink
 
 
 class FakeRun:
@@ -38,7 +40,7 @@ def no_global_wandb(monkeypatch):
     def forbidden():
         raise AssertionError("the alerter looked for a wandb run")
 
-    monkeypatch.setattr(alerts, "_active_wandb_run", forbidden)
+    monkeypatch.setattr(wandb_sink, "_active_run", forbidden)
 
 
 def test_disabled_wandb_run_is_a_silent_no_op():
@@ -54,37 +56,60 @@ def test_disabled_wandb_run_is_a_silent_no_op():
         wandb.finish()
 
 
-def test_offline_wandb_run_accepts_the_alert(tmp_path, monkeypatch):
+def test_offline_wandb_run_writes_the_alert_into_its_own_file(tmp_path, monkeypatch):
     import wandb
 
     monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_SILENT", "true")
     run = wandb.init(mode="offline", dir=str(tmp_path), project="distill-guard-tests")
     try:
         assert wandb.run is run
-        assert Alerter(log_alerts=False).alert("distill_guard: offline", "text", "WARN") is True
+        a = Alerter(log_alerts=False)
+        assert a.describe() == [{"sink": "wandb", "run": "offline"}]
+        assert a.alert("distill_guard: offline", "body-of-the-offline-alert", "WARN") is True
     finally:
         wandb.finish()
+    # nothing is sent while the run lasts; the alert is a record of the run's .wandb file
+    (record,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
+    deadline = time.monotonic() + 10  # wandb's service may still be writing after finish()
+    while b"body-of-the-offline-alert" not in record.read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert b"body-of-the-offline-alert" in record.read_bytes()
+    assert b"distill_guard: offline" in record.read_bytes()
 
 
 def test_no_active_run_sends_nothing(monkeypatch):
-    monkeypatch.setattr(alerts, "_active_wandb_run", lambda: None)
+    monkeypatch.setattr(wandb_sink, "_active_run", lambda: None)
     assert Alerter(log_alerts=False).alert("t", "x") is False
 
 
+def test_without_wandb_installed_there_is_no_wandb_sink(monkeypatch):
+    monkeypatch.setattr(wandb_sink.importlib.util, "find_spec", lambda name: None)
+    assert Alerter().sinks == [] and Alerter(log_alerts=False).alert("t", "x") is False
+
+
 def test_a_raising_client_is_reported_not_raised():
-    errors: list[tuple[str, Exception]] = []
+    errors: list[tuple[str, str, str]] = []
     run = FakeRun(RuntimeError("You must call wandb.init() before wandb.alert()"))
-    a = Alerter(run=run, on_error=lambda t, e: errors.append((t, e)), log_alerts=False)
+    a = Alerter(run=run, on_error=lambda *e: errors.append(e), log_alerts=False)
     assert a.alert("distill_guard: boom", "text", "ERROR") is False
     assert len(run.calls) == 1
-    assert [(t, type(e)) for t, e in errors] == [("distill_guard: boom", RuntimeError)]
+    assert errors == [
+        (
+            "wandb",
+            "distill_guard: boom",
+            "RuntimeError: You must call wandb.init() before wandb.alert()",
+        )
+    ]
 
 
 def test_a_raising_client_without_on_error_is_still_not_raised(caplog):
     a = Alerter(run=FakeRun(ValueError("bad")), log_alerts=False)
     with caplog.at_level(logging.WARNING, logger="distill_guard"):
         assert a.alert("t", "x") is False
-    assert "failed" in caplog.text
+    (record,) = caplog.records
+    assert record.getMessage() == "distill_guard: wandb alert 't' not delivered: ValueError: bad"
+    assert record.exc_info is None  # one line, not a traceback
 
 
 def test_throttle_per_title_with_an_injected_clock():
@@ -152,3 +177,47 @@ def test_titles_fit_wandb_and_are_stable():
     run = FakeRun()
     Alerter(run=run, log_alerts=False).alert("y" * 100, "x")
     assert len(run.calls[0]["title"]) <= 63
+
+
+def test_a_recurring_alert_is_logged_in_full_once_then_counted(caplog):
+    clock = Clock()
+    a = Alerter(use_wandb=False, clock=clock, min_interval_s=600)
+    body = "step 0: alert: teacher.uniform\nmeasured -ln V on 100% of rows; bound 1%; reload it"
+    with caplog.at_level(logging.INFO, logger="distill_guard"):
+        for step in range(30):
+            a.alert("distill_guard: teacher.uniform", body.replace("0", str(step), 1), "ERROR")
+            clock.now += 10
+        assert [r.getMessage() for r in caplog.records] == [
+            f"distill_guard: teacher.uniform: {body}"
+        ]
+        clock.now += 600  # past the window: one short line with the count
+        a.alert("distill_guard: teacher.uniform", "step 90: alert: teacher.uniform\nmore", "ERROR")
+        a.alert("distill_guard: teacher.uniform", "step 91: alert: teacher.uniform\nmore", "ERROR")
+        a.close()  # the repeat since the short line is counted at the end
+    first, again, end = caplog.records
+    assert again.levelno == logging.ERROR and again.getMessage() == (
+        "distill_guard: teacher.uniform (again; 29 repeat(s) since the last line, all in the "
+        "event file): step 90: alert: teacher.uniform"
+    )
+    assert end.levelno == logging.INFO and "repeated 1 more time(s)" in end.getMessage()
+
+
+def test_a_title_back_after_a_quiet_window_is_logged_in_full_again(caplog):
+    clock = Clock()
+    a = Alerter(use_wandb=False, clock=clock, min_interval_s=60)
+    with caplog.at_level(logging.WARNING, logger="distill_guard"):
+        a.alert("t", "first\ndetail", "WARN")
+        clock.now += 3600
+        a.alert("t", "second\ndetail", "WARN")
+    assert [r.getMessage() for r in caplog.records] == ["t: first\ndetail", "t: second\ndetail"]
+
+
+def test_a_disabled_run_is_described_as_such():
+    import wandb
+
+    wandb.init(mode="disabled")
+    try:
+        assert Alerter(log_alerts=False).describe() == [{"sink": "wandb", "run": "disabled"}]
+    finally:
+        wandb.finish()
+    assert Alerter(use_wandb=False).describe() == []

@@ -88,3 +88,80 @@ def test_finding_dict_round_trip():
     }
     assert Finding.from_dict(d) == f
     assert _jsonable((1, math.nan)) == [1, "nan"]
+
+
+HEALTHY = {"loss": 0.02, "student_entropy": 0.41, "truncated_ratio": 0.04, "teacher_logprob": -0.35}
+
+
+def _short_healthy_run(guard, steps=5):
+    for step in range(steps):
+        guard.on_teacher_scores(step, token_logprobs=-torch.rand(64))
+        guard.on_step_metrics(step, HEALTHY)
+    guard.close()
+
+
+def test_a_clean_run_leaves_the_attach_record_and_the_closing_summary(tmp_path):
+    from distill_guard import __version__
+    from distill_guard.config import build_guard
+
+    path = tmp_path / "events.jsonl"
+    guard = build_guard(
+        "strict",
+        [
+            f"events_path={path}",
+            "run.vocab_size=1000",
+            "checks.jsd_ceiling.fraction_of_ceiling=0.9",
+            "alerts.use_wandb=false",
+        ],
+    )
+    _short_healthy_run(guard)
+    guard.close()  # a second close writes nothing more
+    attached, closed = read_events(path)  # attached, nothing found, closed: no other event
+    assert attached["kind"] == "attached" and closed["kind"] == "closed"
+    assert attached["version"] == __version__ and attached["preset"] == "strict"
+    assert attached["rank"] == 0 and attached["teacher"] is None
+    assert attached["run"]["vocab_size"] == 1000 and attached["run"]["loss"] == "jsd"
+    assert attached["checks"]["jsd_ceiling"]["fraction_of_ceiling"] == 0.9  # the bounds in force
+    assert set(attached["checks"]) == {c.name for c in guard.checks}
+    assert attached["policy"] == {
+        "monitor_only": False,
+        "critical_action": guard.policy.critical_action.value,
+        "halt_after_critical_steps": guard.policy.halt_after_critical_steps,
+        "warn_patience": guard.policy.warn_patience,
+        "warn_escalation": guard.policy.warn_escalation.value,
+    }
+    assert attached["canary"]["length"] == guard.canary_spec.length
+    assert attached["alert_sinks"] == []  # no wandb, no webhook variable: only the logger
+    assert closed["summary"] == guard.summary.state_dict()
+    assert closed["summary"]["count"] == {} and closed["summary"]["halt"] is None
+    assert closed["repairs"] == 0
+
+
+def test_each_rank_records_its_own_attachment(tmp_path, quiet_alerter):
+    from distill_guard import DistillGuard
+
+    guard = DistillGuard(events=tmp_path / "events.jsonl", alerter=quiet_alerter)
+    guard.set_rank(3)  # as an integration does once the process group is up
+    _short_healthy_run(guard, steps=1)
+    (attached, closed) = read_events(tmp_path / "events.rank3.jsonl")
+    assert (attached["kind"], attached["rank"], attached["preset"]) == ("attached", 3, None)
+    assert closed["kind"] == "closed"
+
+
+def test_a_halted_run_closes_with_the_halt_in_its_summary(tmp_path, quiet_alerter):
+    from distill_guard import DistillGuard, RunSpec
+    from distill_guard.policy import Action, Policy
+
+    path = tmp_path / "events.jsonl"
+    guard = DistillGuard(
+        policy=Policy(critical_action=Action.HALT),
+        run=RunSpec(vocab_size=1000),
+        events=path,
+        alerter=quiet_alerter,
+    )
+    guard.on_teacher_scores(0, topk_logprobs=torch.full((4, 4), -math.log(1000)))
+    assert guard.halted
+    guard.close()
+    kinds = [e["kind"] for e in read_events(path)]
+    assert kinds[0] == "attached" and kinds[-2:] == ["halt", "closed"]
+    assert read_events(path)[-1]["summary"]["halt"]["codes"] == ["teacher.uniform"]

@@ -120,7 +120,8 @@ def test_healthy_steps_continue_and_leave_no_trace(make_guard, tmp_path):
         assert guard.on_step_metrics(step, HEALTHY).action is Action.CONTINUE
     guard.close()
     assert guard.summary.count == {}
-    assert not (tmp_path / "events.jsonl").exists() or read_events(tmp_path / "events.jsonl") == []
+    kinds = [e["kind"] for e in read_events(tmp_path / "events.jsonl")]
+    assert kinds == ["attached", "closed"]  # watched, and nothing to report
 
 
 def test_none_metrics_are_ignored(make_guard):
@@ -256,9 +257,10 @@ def test_a_failing_alert_channel_is_an_event_not_an_exception(tmp_path):
     d = guard.on_step_metrics(0, COLLAPSED)
     assert d.action is Action.ALERT and d.intended is Action.REWAKE
     kinds = [e["kind"] for e in read_events(tmp_path / "ev.jsonl")]
-    assert kinds == ["finding", "decision", "alert", "alert_failed"]
+    assert kinds == ["attached", "finding", "decision", "alert", "alert_failed"]
     failed = read_events(tmp_path / "ev.jsonl")[-1]
     assert "wandb said no" in failed["error"] and failed["title"].startswith("distill_guard")
+    assert failed["sink"] == "wandb"
 
 
 def test_alerts_name_the_code_and_the_level_follows_the_action(tmp_path):

@@ -1,0 +1,178 @@
+"""The webhook sink: Slack-style incoming webhooks (Slack, Mattermost, Discord's ``/slack``, any
+receiver that reads JSON).
+
+Alerts are POSTed from one background thread through a bounded queue, so the training step never
+waits on the receiver: a receiver that is down or hangs costs the hook a ``put`` on a queue, and
+the thread gives each request ``timeout_s``. ``close`` (also run at interpreter exit) delivers
+what is queued within a deadline: the halt alert of a run that stops at once still goes out.
+The URL comes from the environment (it holds the secret); only its host is ever written down.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import queue
+import threading
+import time
+from typing import Any
+
+import httpx
+
+log = logging.getLogger("distill_guard")
+
+WEBHOOK_ENV = "DISTILL_GUARD_WEBHOOK_URL"
+"""The environment variable the presets read the webhook URL from."""
+QUEUE_SIZE = 32
+"""Alerts waiting for the receiver; past that a new one is dropped (and reported)."""
+_ICON = {"INFO": ":information_source:", "WARN": ":warning:", "ERROR": ":rotating_light:"}
+_SECTION_MAX = 2900
+"""Slack refuses a section text over 3000 characters."""
+
+
+class WebhookError(RuntimeError):
+    """The webhook sink could not take an alert (its queue is full)."""
+
+
+def webhook_from_env(env: str | None, *, timeout_s: float = 5.0) -> WebhookSink | None:
+    """The sink for the URL in ``$env``; None when ``env`` is None or the variable is unset or
+    empty (no webhook is a normal setup: no warning)."""
+    if not env:
+        return None
+    url = os.environ.get(env, "").strip()
+    return WebhookSink(url, env=env, timeout_s=timeout_s) if url else None
+
+
+def slack_payload(title: str, text: str, level: str) -> dict[str, Any]:
+    """Slack's message format. ``text`` is plain (``[LEVEL] title`` then the body): what Slack
+    shows in notifications and what a generic receiver reads; ``blocks`` is the Slack view."""
+    return {
+        "text": f"[{level}] {title}\n{text}",
+        "blocks": [
+            {"type": "header", "text": {"type": "plain_text", "text": title}},
+            {"type": "section", "text": {"type": "mrkdwn", "text": _mrkdwn(text)[:_SECTION_MAX]}},
+            {
+                "type": "context",
+                "elements": [{"type": "mrkdwn", "text": f"{_ICON[level]} {level} · distill_guard"}],
+            },
+        ],
+    }
+
+
+class WebhookSink:
+    """POSTs :func:`slack_payload` to ``url`` from a background thread (started at the first
+    alert, so ranks that never alert never start it)."""
+
+    name = "webhook"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        env: str | None = None,
+        timeout_s: float = 5.0,
+        queue_size: int = QUEUE_SIZE,
+    ) -> None:
+        where = f"${env}" if env else "the webhook URL"
+        try:
+            parsed = httpx.URL(url)
+        except Exception:  # noqa: BLE001 - httpx raises several kinds for a bad URL
+            parsed = None
+        if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host:
+            raise ValueError(
+                f"{where} is not an http(s) URL; set it to the receiver's incoming-webhook URL "
+                "(https://hooks.slack.com/services/...) or unset it"
+            )
+        if timeout_s <= 0:
+            raise ValueError(f"webhook timeout_s must be > 0, got {timeout_s}")
+        self.url = url
+        self.env = env
+        self.host = parsed.host
+        self._secrets = [url, parsed.raw_path.decode("ascii", "replace")]
+        self.timeout_s = timeout_s
+        self._queue: queue.Queue[tuple[dict[str, Any], Any] | None] = queue.Queue(queue_size)
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def send(self, title: str, text: str, level: str, failed: Any) -> bool:
+        self._start()
+        try:
+            self._queue.put_nowait((slack_payload(title, text, level), failed))
+        except queue.Full:
+            raise WebhookError(
+                f"{self._queue.maxsize} alerts already wait for {self.host} (slow or hanging "
+                "receiver); this one is dropped"
+            ) from None
+        return True
+
+    def describe(self) -> dict[str, Any]:
+        return {"sink": self.name, "env": self.env, "host": self.host}
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Deliver what is queued within ``timeout_s``; a receiver slower than that loses the
+        rest (named in one log line), the run does not wait longer."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        atexit.unregister(self.close)
+        deadline = time.monotonic() + timeout_s
+        with contextlib.suppress(queue.Full):  # then the join below runs out the deadline
+            self._queue.put(None, timeout=timeout_s)
+        thread.join(max(0.0, deadline - time.monotonic()))
+        if thread.is_alive():
+            log.warning(
+                "distill_guard: webhook alerts to %s not all delivered within %.1f s at close "
+                "(receiver slow or hanging); they are in the event file",
+                self.host,
+                timeout_s,
+            )
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._thread is not None:
+                return
+            self._queue = queue.Queue(self._queue.maxsize)
+            self._thread = threading.Thread(
+                target=self._deliver, args=(self._queue,), name="distill_guard-webhook", daemon=True
+            )
+            self._thread.start()
+        atexit.register(self.close)
+
+    def _deliver(self, jobs: queue.Queue[tuple[dict[str, Any], Any] | None]) -> None:
+        with httpx.Client(timeout=self.timeout_s, follow_redirects=False) as client:
+            while (job := jobs.get()) is not None:
+                payload, failed = job
+                error = self._post(client, payload)
+                if error is not None:
+                    try:
+                        failed(error)
+                    except Exception:  # noqa: BLE001 - the reporter must not end the thread
+                        log.exception("distill_guard: reporting a webhook failure failed")
+
+    def _post(self, client: httpx.Client, payload: dict[str, Any]) -> str | None:
+        """None when the receiver took the alert, else what went wrong (never the URL)."""
+        try:
+            response = client.post(self.url, json=payload)
+        except httpx.TimeoutException:
+            return f"{self.host} did not answer within {self.timeout_s:g} s"
+        except Exception as exc:  # noqa: BLE001 - a broken channel is a report, not a crash
+            return f"{type(exc).__name__}: {self._redact(str(exc))}"
+        if response.is_success:
+            return None
+        return (
+            f"{self.host} answered HTTP {response.status_code}: {self._redact(response.text[:200])}"
+        )
+
+    def _redact(self, message: str) -> str:
+        for secret in self._secrets:
+            if len(secret) > 1:
+                message = message.replace(secret, "/…")
+        return message
+
+
+def _mrkdwn(text: str) -> str:
+    """Slack's escaping: ``&``, ``<`` and ``>`` would otherwise be read as markup."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

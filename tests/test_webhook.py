@@ -1,0 +1,184 @@
+"""The webhook sink against a real receiver on loopback: Slack's payload, one throttle with the
+other sinks, rank 0 only, and never fatal (receiver down, answering 500, hanging)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import torch
+
+from distill_guard.alerts import WEBHOOK_ENV, Alerter
+from distill_guard.config import build_guard
+from distill_guard.events import read_events
+from distill_guard.policy import Action
+
+V = 1000
+SECRET = "/services/T000/B000/s3cr3t-t0k3n"
+
+
+class Receiver:
+    """A Slack-style incoming webhook: records each JSON body; ``mode`` is ok, error or hang."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict] = []
+        self.paths: list[str] = []
+        self.mode = "ok"
+        self.release = threading.Event()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                receiver.bodies.append(body)
+                receiver.paths.append(self.path)
+                if receiver.mode == "hang":
+                    receiver.release.wait(30)
+                    return
+                status = 200 if receiver.mode == "ok" else 500
+                self.send_response(status)
+                self.end_headers()
+                self.wfile.write(b"ok" if status == 200 else b"internal_error")
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}{SECRET}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver(monkeypatch):
+    r = Receiver()
+    monkeypatch.setenv(WEBHOOK_ENV, r.url)
+    yield r
+    r.stop()
+
+
+def guard(tmp_path, rank=0, *overrides):
+    return build_guard(
+        "default",
+        [
+            f"run.vocab_size={V}",
+            f"events_path={tmp_path / 'events.jsonl'}",
+            "alerts.use_wandb=false",
+            "alerts.webhook_timeout_s=0.5",
+            *overrides,
+        ],
+        rank=rank,
+    )
+
+
+def uniform():
+    return torch.full((8, 4), -math.log(V))
+
+
+def test_the_alert_arrives_as_slack_json_with_title_level_and_text(receiver):
+    a = Alerter(use_wandb=False, log_alerts=False, webhook_env=WEBHOOK_ENV)
+    assert a.alert("distill_guard halt: teacher.uniform", "step 3: halt\nrow max < 1e-3 & more")
+    a.close()
+    (body,) = receiver.bodies
+    assert receiver.paths == [SECRET]
+    # plain text for generic receivers and Slack's notification; blocks for Slack's view
+    assert (
+        body["text"]
+        == "[WARN] distill_guard halt: teacher.uniform\nstep 3: halt\nrow max < 1e-3 & more"
+    )
+    header, section, context = body["blocks"]
+    assert header["text"] == {"type": "plain_text", "text": "distill_guard halt: teacher.uniform"}
+    assert section["text"]["text"] == "step 3: halt\nrow max &lt; 1e-3 &amp; more"
+    assert "WARN" in context["elements"][0]["text"]
+
+
+def test_a_guard_alerts_the_webhook_once_per_title_and_records_the_sink(tmp_path, receiver):
+    g = guard(
+        tmp_path, 0, "policy.critical_action=SKIP_BATCH", "policy.halt_after_critical_steps=99"
+    )
+    for step in range(5):  # the same fault at every step: one POST for the throttle window
+        assert g.on_teacher_scores(step, topk_logprobs=uniform()).acts
+    g.on_step_metrics(5, {"loss": 0.9})  # another title: its own POST
+    g.close()
+    assert [b["text"].splitlines()[0] for b in receiver.bodies] == [
+        "[ERROR] distill_guard skip_batch: teacher.uniform",
+        "[WARN] distill_guard: loss.above_ceiling",
+    ]
+    assert "step 0: skip_batch" in receiver.bodies[0]["text"]
+    text = (tmp_path / "events.jsonl").read_text()
+    assert "s3cr3t" not in text  # the attach record names the variable and host, not the URL
+    (attached,) = [e for e in read_events(tmp_path / "events.jsonl") if e["kind"] == "attached"]
+    assert attached["alert_sinks"] == [{"sink": "webhook", "env": WEBHOOK_ENV, "host": "127.0.0.1"}]
+    kinds = [e["kind"] for e in read_events(tmp_path / "events.jsonl")]
+    assert kinds.count("alert") == 6 and "alert_failed" not in kinds
+
+
+def test_ranks_above_zero_send_nothing(tmp_path, receiver):
+    g = guard(tmp_path, 1)
+    g.on_teacher_scores(0, topk_logprobs=uniform())
+    g.close()
+    (sink,) = g.alerter.sinks
+    assert receiver.bodies == [] and sink._thread is None  # not even a thread
+
+
+@pytest.mark.parametrize("mode", ["down", "error", "hang"])
+def test_a_broken_receiver_never_stalls_or_fails_the_run(
+    tmp_path, receiver, mode, caplog, monkeypatch
+):
+    if mode == "down":
+        with socket.socket() as s:  # a port nobody listens on
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        monkeypatch.setenv(WEBHOOK_ENV, f"http://127.0.0.1:{port}{SECRET}")
+    receiver.mode = mode
+    g = guard(tmp_path)
+    caplog.set_level(logging.WARNING, logger="distill_guard")
+    t0 = time.monotonic()
+    for step in range(10):
+        d = g.on_teacher_scores(step, topk_logprobs=uniform())
+        g.on_step_metrics(step, {"loss": 0.9})
+        assert d.action is Action.SKIP_BATCH or d.action is Action.HALT
+    assert time.monotonic() - t0 < 5  # the hooks never waited on the receiver
+    assert g.halted  # the run's own fate is the guard's, not the receiver's
+    deadline = time.monotonic() + 5
+    path = tmp_path / "events.jsonl"
+    while time.monotonic() < deadline and "alert_failed" not in path.read_text():
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    g.close()
+    assert time.monotonic() - t0 < 5
+    failed = [e for e in read_events(path) if e["kind"] == "alert_failed"]
+    assert failed and {e["sink"] for e in failed} == {"webhook"}
+    expected = {"down": "ConnectError", "error": "HTTP 500", "hang": "did not answer within 0.5 s"}
+    assert expected[mode] in failed[0]["error"]
+    lines = [r for r in caplog.records if "not delivered" in r.getMessage()]
+    assert len(lines) == len(failed) and all(r.exc_info is None for r in lines)
+    assert "s3cr3t" not in caplog.text + path.read_text()
+
+
+def test_without_the_variable_there_is_no_webhook_and_no_warning(tmp_path, monkeypatch, caplog):
+    monkeypatch.delenv(WEBHOOK_ENV, raising=False)
+    caplog.set_level(logging.WARNING, logger="distill_guard")
+    g = guard(tmp_path)
+    assert g.alerter.sinks == []
+    g.on_step_metrics(0, {"loss": 0.5})
+    g.close()
+    assert caplog.records == []
+
+
+def test_a_url_that_is_not_http_is_refused_naming_the_variable(tmp_path, monkeypatch):
+    monkeypatch.setenv(WEBHOOK_ENV, "hooks.slack.com/services/x")
+    with pytest.raises(ValueError, match=rf"\${WEBHOOK_ENV} is not an http\(s\) URL"):
+        guard(tmp_path)
