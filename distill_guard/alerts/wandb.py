@@ -1,10 +1,10 @@
 """The wandb sink: ``Run.alert`` on the active run.
 
 What a run does with an alert depends on its mode. An online run sends it to wandb's server
-(which emails or posts it to Slack, as the user's wandb settings say). An offline run accepts it
-and writes it into the run's ``.wandb`` file, so it reaches the server only when the run is
-synced (``wandb sync``); no one is notified while the run lasts. A disabled run accepts it and
-drops it. A finished run refuses it (``alert_failed`` in the event file).
+(which emails or posts it to Slack, as the user's wandb settings say). An offline run notifies no
+one: it accepts the alert and writes it into its own ``run-<id>.wandb`` file, where it stays until
+the run is synced. A disabled run accepts it and drops it. A finished run refuses it
+(``alert_failed`` in the event file).
 """
 
 from __future__ import annotations

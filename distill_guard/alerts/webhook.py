@@ -1,5 +1,5 @@
-"""The webhook sink: Slack-style incoming webhooks (Slack, Mattermost, Discord's ``/slack``, any
-receiver that reads JSON).
+"""The webhook sink: Slack-style incoming webhooks (Slack, Mattermost, any receiver that reads
+JSON).
 
 Alerts are POSTed from one background thread through a bounded queue, so the training step never
 waits on the receiver: a receiver that is down or hangs costs the hook a ``put`` on a queue, and
