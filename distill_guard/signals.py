@@ -225,12 +225,16 @@ def jsd_from_logits(
     *,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
     backend: str = "auto",
+    student_lse: torch.Tensor | None = None,
+    teacher_lse: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per-row generalized JSD over the full vocabulary, m = (1−β)·student + β·teacher.
 
     Returns (1−β)·KL(student‖m) + β·KL(teacher‖m) per row in float32. At β = 0 or 1 this is 0
     by construction (m equals one side); use a KL for those ends. Backends as in
-    :func:`entropy_from_logits` (the Triton kernel reads each input twice, once per pass).
+    :func:`entropy_from_logits`. The Triton kernel reads each input twice (the log-normalisers,
+    then the divergence) unless ``student_lse`` and ``teacher_lse`` (logsumexp per row, e.g.
+    :class:`distill_guard.losses.DistillLoss`'s at τ = 1) are given: then once.
     """
     if student_logits.shape != teacher_logits.shape:
         raise ValueError(
@@ -239,18 +243,37 @@ def jsd_from_logits(
         )
     if not 0.0 <= beta <= 1.0:
         raise ValueError(f"beta must lie in [0, 1], got {beta}")
+    if (student_lse is None) != (teacher_lse is None):
+        raise ValueError("give both student_lse and teacher_lse, or neither")
+    if student_lse is not None:
+        lead = student_logits.shape[:-1]
+        for name, lse in (("student_lse", student_lse), ("teacher_lse", teacher_lse)):
+            if lse.shape != lead:
+                raise ValueError(
+                    f"{name} has shape {tuple(lse.shape)}, the logits' leading shape is "
+                    f"{tuple(lead)}"
+                )
     if 0.0 < beta < 1.0 and _use_triton(student_logits, backend):
-        from distill_guard.triton_kernels import triton_jsd
+        from distill_guard.triton_kernels import triton_jsd, triton_jsd_given_lse
 
-        return triton_jsd(student_logits, teacher_logits, beta)
+        if student_lse is None:
+            return triton_jsd(student_logits, teacher_logits, beta)
+        jsd, _ = triton_jsd_given_lse(
+            student_logits, teacher_logits, student_lse, teacher_lse, beta
+        )
+        return jsd.reshape(student_logits.shape[:-1])
     s_all = student_logits.reshape(-1, student_logits.shape[-1])
     t_all = teacher_logits.reshape(-1, teacher_logits.shape[-1])
     out = torch.empty(s_all.shape[0], dtype=torch.float32, device=s_all.device)
     log1mb = math.log1p(-beta) if beta < 1 else -math.inf
     logb = math.log(beta) if beta > 0 else -math.inf
     for a, b in _row_chunks(s_all.shape[0], chunk_rows):
-        ls = torch.log_softmax(s_all[a:b].float(), dim=-1)
-        lt = torch.log_softmax(t_all[a:b].float(), dim=-1)
+        if student_lse is None:
+            ls = torch.log_softmax(s_all[a:b].float(), dim=-1)
+            lt = torch.log_softmax(t_all[a:b].float(), dim=-1)
+        else:
+            ls = s_all[a:b].float() - student_lse.reshape(-1, 1)[a:b].float()
+            lt = t_all[a:b].float() - teacher_lse.reshape(-1, 1)[a:b].float()
         lm = torch.logaddexp(ls + log1mb, lt + logb)
         kl_s = (ls.exp() * (ls - lm)).nansum(dim=-1)  # p = 0 terms are 0 (see above)
         kl_t = (lt.exp() * (lt - lm)).nansum(dim=-1)

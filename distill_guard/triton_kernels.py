@@ -1,4 +1,5 @@
-"""Triton kernels for full-vocabulary signals on GPU: entropy in one read, JSD in two.
+"""Triton kernels for full-vocabulary signals on GPU (entropy in one read, JSD in two, or in one
+given the log-normalisers) and for the fused distillation loss of :mod:`distill_guard.losses`.
 
 Why: the chunked PyTorch path in :mod:`distill_guard.signals` writes several float32 copies of
 each chunk, so on a GPU it runs far below memory bandwidth. These kernels read bf16/fp16/fp32
@@ -11,8 +12,12 @@ importable; tested on CPU through Triton's interpreter (``TRITON_INTERPRET=1``).
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
+
+from distill_guard.extras import needed
+
+with needed("the Triton signal kernels (backend='triton')", "gpu"):
+    import triton
+    import triton.language as tl
 
 # Chosen by the sweep in benchmarks/gpu_signals.py on an H200 (benchmarks/RESULTS.md).
 BLOCK, NUM_WARPS = 4096, 4
@@ -44,7 +49,7 @@ def _entropy_kernel(x_ptr, out_ptr, n_cols, stride_row, BLOCK: tl.constexpr):
         cols = start + tl.arange(0, BLOCK)
         x = tl.load(base + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
         m, s, alpha, p = _block_update(m, s, x)
-        w = w * alpha + tl.sum(tl.where(p > 0, p * x, 0.0), axis=0)
+        w = w * alpha + tl.sum(tl.where(p == 0, 0.0, p * x), axis=0)
     safe = tl.where(m == float("-inf"), 0.0, m)
     # H = log Z - E[x], with log Z = m + log s and E[x] = w / s
     tl.store(out_ptr + row, safe + tl.log(s) - w / s)
@@ -78,8 +83,8 @@ def _jsd_kernel(s_ptr, t_ptr, out_ptr, n_cols, stride_s, stride_t, beta, BLOCK: 
         ps = tl.exp2(ls * 1.4426950408889634)
         pt = tl.exp2(lt * 1.4426950408889634)
         lm = tl.log((1.0 - beta) * ps + beta * pt)  # the mixture, formed in probability space
-        acc += (1.0 - beta) * tl.where(ps > 0, ps * (ls - lm), 0.0) + beta * tl.where(
-            pt > 0, pt * (lt - lm), 0.0
+        acc += (1.0 - beta) * tl.where(ps == 0, 0.0, ps * (ls - lm)) + beta * tl.where(
+            pt == 0, 0.0, pt * (lt - lm)
         )
     tl.store(out_ptr + row, tl.sum(acc, axis=0))
 
@@ -128,3 +133,299 @@ def triton_jsd(
             num_warps=num_warps,
         )
     return out.reshape(student_logits.shape[:-1])
+
+
+# ---------------------------------------------------------------- the fused distillation loss
+# Three kernels, one row per program, used by distill_guard.losses: the statistics pass (both
+# log-normalisers, both entropies, the teacher's top-1, and the whole loss for the KL ends), the
+# JSD pass given the log-normalisers (one read: also the guard's JSD signal), and the backward
+# pass (one read, the gradient written in the student's dtype, in place if asked).
+
+MODE_JSD, MODE_FORWARD_KL, MODE_REVERSE_KL = 0, 1, 2
+STATS_ROWS = 7
+"""Rows of the ``[7, N]`` float32 statistics: see the ``STAT_*`` indices."""
+STAT_LSE_S, STAT_LSE_T, STAT_H_S, STAT_H_T, STAT_TOP1_T, STAT_LOSS, STAT_AUX = range(7)
+STATS_BLOCK, STATS_NUM_WARPS = 4096, 8
+PASS_BLOCK, PASS_NUM_WARPS = 2048, 8
+
+
+@triton.jit
+def _loss_stats_kernel(
+    s_ptr,
+    t_ptr,
+    valid_ptr,
+    stats_ptr,
+    n_rows,
+    n_cols,
+    stride_s,
+    stride_t,
+    inv_temp,
+    HAS_VALID: tl.constexpr,
+    MODE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    n_eff = n_cols
+    if HAS_VALID:
+        n_eff = tl.where(tl.load(valid_ptr + row) != 0, n_cols, 0)  # masked rows read nothing
+    s_base = s_ptr + row * stride_s
+    t_base = t_ptr + row * stride_t
+    ms = float("-inf")
+    mt = float("-inf")
+    ss = 0.0
+    st = 0.0
+    ws = 0.0  # Σ e^(x - ms)·x, rescaled like ss
+    wt = 0.0
+    wc = 0.0  # the cross term of a KL end: Σ p_t·x (forward) or Σ p_s·y (reverse), unnormalised
+    for start in range(0, n_eff, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        x = tl.load(s_base + cols, mask=mask, other=float("-inf")).to(tl.float32) * inv_temp
+        y = tl.load(t_base + cols, mask=mask, other=float("-inf")).to(tl.float32) * inv_temp
+        ms, ss, a_s, ps = _block_update(ms, ss, x)
+        mt, st, a_t, pt = _block_update(mt, st, y)
+        ws = ws * a_s + tl.sum(tl.where(ps == 0, 0.0, ps * x), axis=0)
+        wt = wt * a_t + tl.sum(tl.where(pt == 0, 0.0, pt * y), axis=0)
+        if MODE == 1:
+            wc = wc * a_t + tl.sum(tl.where(pt == 0, 0.0, pt * x), axis=0)
+        if MODE == 2:
+            wc = wc * a_s + tl.sum(tl.where(ps == 0, 0.0, ps * y), axis=0)
+    lse_s = tl.where(ms == float("-inf"), 0.0, ms) + tl.log(ss)
+    lse_t = tl.where(mt == float("-inf"), 0.0, mt) + tl.log(st)
+    loss = 0.0
+    if MODE == 1:  # KL(t‖s) = Σ p_t·(y − x) − lse_t + lse_s
+        loss = (wt - wc) / st - lse_t + lse_s
+    if MODE == 2:  # KL(s‖t) = Σ p_s·(x − y) − lse_s + lse_t
+        loss = (ws - wc) / ss - lse_s + lse_t
+    out = stats_ptr + row
+    tl.store(out + 0 * n_rows, lse_s)
+    tl.store(out + 1 * n_rows, lse_t)
+    tl.store(out + 2 * n_rows, lse_s - ws / ss)
+    tl.store(out + 3 * n_rows, lse_t - wt / st)
+    tl.store(out + 4 * n_rows, mt - lse_t)
+    tl.store(out + 5 * n_rows, loss)
+    tl.store(out + 6 * n_rows, loss)
+
+
+@triton.jit
+def _jsd_given_lse_kernel(
+    s_ptr,
+    t_ptr,
+    lse_s_ptr,
+    lse_t_ptr,
+    valid_ptr,
+    out_ptr,
+    aux_ptr,
+    n_cols,
+    stride_s,
+    stride_t,
+    inv_temp,
+    beta,
+    HAS_VALID: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    n_eff = n_cols
+    if HAS_VALID:
+        n_eff = tl.where(tl.load(valid_ptr + row) != 0, n_cols, 0)
+    s_base = s_ptr + row * stride_s
+    t_base = t_ptr + row * stride_t
+    lse_s = tl.load(lse_s_ptr + row)
+    lse_t = tl.load(lse_t_ptr + row)
+    acc_s = tl.zeros([BLOCK], tl.float32)
+    acc_t = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, n_eff, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        x = tl.load(s_base + cols, mask=mask, other=float("-inf")).to(tl.float32)
+        y = tl.load(t_base + cols, mask=mask, other=float("-inf")).to(tl.float32)
+        ls = x * inv_temp - lse_s
+        lt = y * inv_temp - lse_t
+        ps = tl.exp2(ls * 1.4426950408889634)
+        pt = tl.exp2(lt * 1.4426950408889634)
+        lm = tl.log((1.0 - beta) * ps + beta * pt)
+        acc_s += tl.where(ps == 0, 0.0, ps * (ls - lm))
+        acc_t += tl.where(pt == 0, 0.0, pt * (lt - lm))
+    kl_s = tl.sum(acc_s, axis=0)
+    kl_t = tl.sum(acc_t, axis=0)
+    tl.store(out_ptr + row, (1.0 - beta) * kl_s + beta * kl_t)
+    tl.store(aux_ptr + row, kl_s)
+
+
+@triton.jit
+def _loss_grad_kernel(
+    s_ptr,
+    t_ptr,
+    g_ptr,
+    lse_s_ptr,
+    lse_t_ptr,
+    aux_ptr,
+    w_ptr,
+    n_cols,
+    stride_s,
+    stride_t,
+    stride_g,
+    inv_temp,
+    beta,
+    MODE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    s_base = s_ptr + row * stride_s
+    t_base = t_ptr + row * stride_t
+    g_base = g_ptr + row * stride_g
+    w = tl.load(w_ptr + row)
+    n_eff = tl.where(w != 0, n_cols, 0)  # a row of weight 0 (masked) is only zeroed
+    lse_s = tl.load(lse_s_ptr + row)
+    lse_t = tl.load(lse_t_ptr + row)
+    aux = tl.load(aux_ptr + row)
+    for start in range(0, n_eff, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        x = tl.load(s_base + cols, mask=mask, other=float("-inf")).to(tl.float32)
+        y = tl.load(t_base + cols, mask=mask, other=float("-inf")).to(tl.float32)
+        ls = x * inv_temp - lse_s
+        lt = y * inv_temp - lse_t
+        ps = tl.exp2(ls * 1.4426950408889634)
+        if MODE == 0:  # ∂JSD/∂x = (1−β)·p_s·(ls − lm − KL(s‖m)); (1−β)/τ is in w
+            pt = tl.exp2(lt * 1.4426950408889634)
+            lm = tl.log((1.0 - beta) * ps + beta * pt)
+            g = tl.where(ps == 0, 0.0, ps * (ls - lm - aux))
+        elif MODE == 1:  # ∂KL(t‖s)/∂x = p_s − p_t
+            g = ps - tl.exp2(lt * 1.4426950408889634)
+        else:  # ∂KL(s‖t)/∂x = p_s·(ls − lt − KL(s‖t))
+            g = tl.where(ps == 0, 0.0, ps * (ls - lt - aux))
+        tl.store(g_base + cols, (w * g).to(g_ptr.dtype.element_ty), mask=mask)
+    for start in range(0, n_cols - n_eff, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        tl.store(g_base + cols, tl.zeros([BLOCK], g_ptr.dtype.element_ty), mask=cols < n_cols)
+
+
+def _valid_arg(valid: torch.Tensor | None, like: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    if valid is None:
+        return like, False  # a placeholder pointer, never read
+    return valid.to(torch.int8).contiguous(), True
+
+
+def triton_loss_stats(
+    student_rows: torch.Tensor,
+    teacher_rows: torch.Tensor,
+    valid: torch.Tensor | None,
+    inv_temp: float,
+    mode: int,
+    *,
+    block: int = STATS_BLOCK,
+    num_warps: int = STATS_NUM_WARPS,
+) -> torch.Tensor:
+    """``[7, N]`` float32 statistics of ``[N, V]`` rows at temperature 1/inv_temp, one read
+    each (rows where ``valid`` is False are not read; their entries are meaningless)."""
+    s, t = _as_rows(student_rows), _as_rows(teacher_rows)
+    n = s.shape[0]
+    stats = torch.empty(STATS_ROWS, n, dtype=torch.float32, device=s.device)
+    v, has_valid = _valid_arg(valid, stats)
+    if n:
+        _loss_stats_kernel[(n,)](
+            s,
+            t,
+            v,
+            stats,
+            n,
+            s.shape[1],
+            s.stride(0),
+            t.stride(0),
+            inv_temp,
+            HAS_VALID=has_valid,
+            MODE=mode,
+            BLOCK=block,
+            num_warps=num_warps,
+        )
+    return stats
+
+
+def triton_jsd_given_lse(
+    student_rows: torch.Tensor,
+    teacher_rows: torch.Tensor,
+    student_lse: torch.Tensor,
+    teacher_lse: torch.Tensor,
+    beta: float,
+    *,
+    inv_temp: float = 1.0,
+    valid: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    aux: torch.Tensor | None = None,
+    block: int = PASS_BLOCK,
+    num_warps: int = PASS_NUM_WARPS,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(JSD, KL(student‖m)) per row in one read of each input, given the log-normalisers of
+    ``logits * inv_temp``; 0 < β < 1 (teacher weight)."""
+    if not 0.0 < beta < 1.0:
+        raise ValueError(f"triton_jsd_given_lse needs 0 < beta < 1, got {beta}")
+    s, t = _as_rows(student_rows), _as_rows(teacher_rows)
+    n = s.shape[0]
+    lse_s = student_lse.reshape(-1).float().contiguous()
+    lse_t = teacher_lse.reshape(-1).float().contiguous()
+    if lse_s.numel() != n or lse_t.numel() != n:
+        raise ValueError(
+            f"log-normalisers have {lse_s.numel()} and {lse_t.numel()} entries for {n} rows"
+        )
+    out = torch.empty(n, dtype=torch.float32, device=s.device) if out is None else out
+    aux = torch.empty(n, dtype=torch.float32, device=s.device) if aux is None else aux
+    v, has_valid = _valid_arg(valid, out)
+    if n:
+        _jsd_given_lse_kernel[(n,)](
+            s,
+            t,
+            lse_s,
+            lse_t,
+            v,
+            out,
+            aux,
+            s.shape[1],
+            s.stride(0),
+            t.stride(0),
+            inv_temp,
+            beta,
+            HAS_VALID=has_valid,
+            BLOCK=block,
+            num_warps=num_warps,
+        )
+    return out, aux
+
+
+def triton_loss_grad(
+    student_rows: torch.Tensor,
+    teacher_rows: torch.Tensor,
+    stats: torch.Tensor,
+    weight: torch.Tensor,
+    beta: float,
+    inv_temp: float,
+    mode: int,
+    out: torch.Tensor,
+    *,
+    block: int = PASS_BLOCK,
+    num_warps: int = PASS_NUM_WARPS,
+) -> torch.Tensor:
+    """The loss's gradient w.r.t. the student's ``[N, V]`` rows into ``out`` (which may be the
+    student rows themselves): ``weight[r]`` times ∂loss_r/∂(logits·inv_temp)."""
+    s, t = _as_rows(student_rows), _as_rows(teacher_rows)
+    n = s.shape[0]
+    if n:
+        _loss_grad_kernel[(n,)](
+            s,
+            t,
+            out,
+            stats[STAT_LSE_S],
+            stats[STAT_LSE_T],
+            stats[STAT_AUX],
+            weight.float().contiguous(),
+            s.shape[1],
+            s.stride(0),
+            t.stride(0),
+            out.stride(0),
+            inv_temp,
+            beta,
+            MODE=mode,
+            BLOCK=block,
+            num_warps=num_warps,
+        )
+    return out
