@@ -1,20 +1,20 @@
 """distill_guard: training-loop guards for on-policy LLM distillation.
 
-Importing the package needs only torch: Hydra (for :func:`build_guard` and the presets), httpx,
-wandb, transformers, Lightning, FastAPI and sglang are imported by the modules that use them,
-when they are used.
+Importing the package needs only torch: Hydra (for :func:`build_guard` and the presets) and httpx
+(the SGLang HTTP client) are imported by the modules that use them; the optional extras
+(transformers, Lightning, FastAPI, matplotlib, sglang, triton, wandb: :mod:`distill_guard.extras`)
+only when a feature that needs one is used.
 """
 
-__version__ = "0.1.0"
+from importlib import import_module
+from typing import Any
 
-from importlib import import_module  # noqa: E402
-from typing import Any  # noqa: E402
-
-from distill_guard.checks import default_checks  # noqa: E402
-from distill_guard.findings import Code, Finding, Severity  # noqa: E402
-from distill_guard.guard import DistillGuard  # noqa: E402
-from distill_guard.observations import LossKind, Metric, RunSpec  # noqa: E402
-from distill_guard.policy import Action, Decision, Halt, Policy  # noqa: E402
+from distill_guard._version import __version__
+from distill_guard.checks import default_checks
+from distill_guard.findings import Code, Finding, Severity
+from distill_guard.guard import DistillGuard
+from distill_guard.observations import LossKind, Metric, RunSpec
+from distill_guard.policy import Action, Decision, Halt, Policy
 
 _FROM_CONFIG = ("GuardConfig", "build_guard", "compose_guard_config")
 """Named here, imported on first use: they bring Hydra."""
@@ -22,8 +22,8 @@ _FROM_CONFIG = ("GuardConfig", "build_guard", "compose_guard_config")
 # fmt: off
 __all__ = [
     "Action", "Code", "Decision", "DistillGuard", "Finding", "GuardConfig", "Halt", "LossKind",
-    "Metric", "Policy", "RunSpec", "Severity", "build_guard", "compose_guard_config",
-    "default_checks",
+    "Metric", "Policy", "RunSpec", "Severity", "__version__", "build_guard",
+    "compose_guard_config", "default_checks",
 ]
 # fmt: on
 

@@ -18,21 +18,19 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
+from distill_guard import __version__
 from distill_guard.config import PRESETS
+from distill_guard.extras import EXTRAS, MissingExtra, install_line, require
 from distill_guard.findings import Finding, Severity
 
 if TYPE_CHECKING:
     from distill_guard.teachers.sglang_http import SGLangHTTPTeacher
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
-EXTRAS = {
-    "fastapi": "server",
-    "uvicorn": "server",
-    "transformers": "hf",
-    "safetensors": "hf",
-    "matplotlib": "plot",
-}
-"""Module → the extra that brings it, for the error a missing one gives."""
+EXIT_PIPE = 141
+"""The reader of our stdout went away (``... | head``): 128 + SIGPIPE, as a shell reports it."""
+SGLANG_LAUNCHERS = ("python -m sglang.launch_server ...", "sglang serve ...")
+RELAX_FLAGS = "--use-opd, --teacher-hf-checkpoint, --opd-teacher-url, --teacher-sglang-*"
 
 
 class UsageError(Exception):
@@ -57,6 +55,20 @@ class _Parser(argparse.ArgumentParser):
         super().error(scrubbed)
 
 
+def _global_flags() -> argparse.ArgumentParser:
+    """The top-level flags, accepted after the subcommand too (``replay x.jsonl -v``). SUPPRESS:
+    a subcommand that does not see the flag leaves the top-level value alone."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="log the guard's own messages (INFO and above) to stderr",
+    )
+    return p
+
+
 def _key_value(text: str) -> tuple[str, str]:
     role, sep, name = text.partition("=")
     if not sep or not role or not name:
@@ -70,7 +82,9 @@ def _command(
     """A subcommand that runs ``func(args) -> exit code``, described by ``func``'s docstring,
     and can print JSON."""
     description = " ".join((func.__doc__ or summary).split())
-    p = sub.add_parser(name, help=summary, description=description, allow_abbrev=False)
+    p = sub.add_parser(
+        name, help=summary, description=description, allow_abbrev=False, parents=[_global_flags()]
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object, not a table")
     p.set_defaults(func=func)
     return p
@@ -92,7 +106,12 @@ def add_replay(sub: argparse._SubParsersAction) -> None:
         help="map a role (loss, student_entropy, truncated_ratio, teacher_logprob, eval_accuracy) "
         "to a metric name in the file; repeatable",
     )
-    p.add_argument("--loss", choices=["jsd", "reverse_kl", "forward_kl"], default="jsd")
+    p.add_argument(
+        "--loss",
+        choices=["jsd", "reverse_kl", "forward_kl"],
+        default="jsd",
+        help="the run's distillation loss, so the loss checks use its bounds (default jsd)",
+    )
     p.add_argument("--beta", type=float, default=0.5, help="JSD teacher weight (default 0.5)")
     p.add_argument(
         "--vocab-size",
@@ -131,6 +150,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     if args.preset not in PRESETS:
         raise UsageError(f"unknown preset '{args.preset}'; choose one of {', '.join(PRESETS)}")
+    if args.plot:
+        require("distill-guard replay --plot", "plot")
     overrides = [
         f"run.loss={args.loss.upper()}",
         f"run.beta={args.beta}",
@@ -212,6 +233,7 @@ def add_live(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "serve-reference",
+        parents=[_global_flags()],
         help="serve a tiny torch teacher over SGLang's native API (NOT SGLang; offline/tests)",
         description="A TorchTeacher behind SGLang's native HTTP endpoints, on 127.0.0.1. It is not "
         "SGLang: it only scores (max_new_tokens 0), has no tokenizer, and emulates the memory "
@@ -303,6 +325,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
             server_args = parse_launch_command(args.launch_args)
         except ValueError as e:
             raise UsageError(f"cannot parse --args: {e}") from None
+        _check_launcher(args.launch_args, server_args["launcher"])
         source = f"{server_args['launcher']} command line"
         findings = preflight_server_args(server_args, teacher_temperature=temperature)
     else:
@@ -316,6 +339,23 @@ def cmd_preflight(args: argparse.Namespace) -> int:
         print(f"preflight of {source}: {'problems found' if bad else 'no critical problem'}")
         _print_findings(findings)
     return EXIT_FOUND if bad else EXIT_OK
+
+
+def _check_launcher(command: str, launcher: str) -> None:
+    """preflight reads any unknown command line as SGLang flags and would find nothing wrong in
+    it: refuse a command that names none of the launchers it knows."""
+    if launcher != "sglang":
+        return
+    words = command.split()
+    if any(w.endswith("sglang.launch_server") for w in words) or any(
+        Path(a).name == "sglang" and b == "serve" for a, b in zip(words, words[1:])
+    ):
+        return
+    raise UsageError(
+        f"--args: not a launch command preflight recognises (looked for "
+        f"{' or '.join(SGLANG_LAUNCHERS)}, or a Relax training command with {RELAX_FLAGS}); "
+        f"got {command[:80]!r}"
+    )
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
@@ -346,6 +386,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 
 def cmd_serve_reference(args: argparse.Namespace) -> int:
+    require("distill-guard serve-reference", "server,hf", "fastapi", "uvicorn", "transformers")
     from distill_guard.teachers import TorchTeacher
     from distill_guard.testing.reference_server import ReferenceServer, serve
     from distill_guard.testing.tiny import build_tiny_qwen3
@@ -392,8 +433,15 @@ def build_parser() -> argparse.ArgumentParser:
         description="Guards for on-policy distillation: catch a dead teacher, repair it, or halt.",
         allow_abbrev=False,
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="log the guard's own messages")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="log the guard's own messages (INFO and above)"
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {__version__}", help="print the version"
+    )
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", help="run COMMAND --help for its options"
+    )
     add_replay(sub)
     add_live(sub)
     return parser
@@ -408,14 +456,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(levelname)s %(name)s: %(message)s",
     )
     try:
-        return int(args.func(args))
-    except (UsageError, TeacherError) as exc:
+        code = int(args.func(args))
+        sys.stdout.flush()  # a closed pipe shows here, inside the try
+        return code
+    except BrokenPipeError:
+        # the reader left (`| head`): nothing more to say; stdout's last flush at exit must not
+        # raise again, so it goes to /dev/null
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_PIPE
+    except (UsageError, TeacherError, MissingExtra) as exc:
         message = str(exc)
-    except ModuleNotFoundError as exc:
-        extra = EXTRAS.get((exc.name or "").split(".")[0])
+    except ModuleNotFoundError as exc:  # an import no `needed` block covers
+        top = (exc.name or "").split(".")[0]
+        extra = next((e for e, modules in EXTRAS.items() if top in modules), None)
         if extra is None:
             raise
-        message = f"{exc.name} is not installed: pip install 'distill_guard[{extra}]'"
+        message = f"{exc.name} is not installed: pip install {install_line(extra)}"
     print(f"distill-guard {args.command}: error: {message}", file=sys.stderr)
     return EXIT_USAGE
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from distill_guard.extras import needed
 from distill_guard.findings import Severity
 from distill_guard.observations import Metric
 from distill_guard.replay import acting
@@ -225,8 +226,9 @@ def replay_figure(result: ReplayResult) -> Figure:
     """One panel per metric present, each with its reference line and legend; findings, first
     action and halt as vertical lines, named in a legend under the panels; a strip under them
     with a mark per step where the guard found, skipped, rewoke (repaired) or halted."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    with needed("the replay plot (--plot)", "plot"):
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
 
     panels = [(r, label) for r, label in PANELS if r in result.history.keys]
     fig = Figure(figsize=(11, 2.0 * len(panels) + 2.2), layout="constrained")

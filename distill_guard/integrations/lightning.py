@@ -23,10 +23,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-import lightning.pytorch as pl
 import torch
 
-from distill_guard.config import GuardSpec
+from distill_guard.extras import needed
+
+with needed("the Lightning callback (distill_guard.integrations.lightning)", "lightning"):
+    import lightning.pytorch as pl
+
+from distill_guard.config import GuardSpec  # noqa: E402
 from distill_guard.consensus import attach
 from distill_guard.integrations.plain import GuardedCallback
 from distill_guard.metric_names import LIGHTNING_METRIC_NAMES

@@ -25,9 +25,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from distill_guard.config import GuardSpec
+from distill_guard.extras import needed
+
+with needed("the transformers/TRL callback (distill_guard.integrations.transformers)", "hf"):
+    from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from distill_guard.config import GuardSpec  # noqa: E402
 from distill_guard.consensus import attach
 from distill_guard.integrations.plain import GuardedCallback
 from distill_guard.metric_names import HF_METRIC_NAMES

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from distill_guard.extras import needed
 from distill_guard.teachers._sglang_wire import (
     check_temperature,
     parse_score_response,
@@ -53,12 +54,8 @@ class SGLangEngineTeacher(TrackedTeacher):
     @classmethod
     def launch(cls, **server_args: Any) -> SGLangEngineTeacher:
         """Start an ``sglang.Engine(**server_args)`` in this process and wrap it."""
-        try:
+        with needed("SGLangEngineTeacher.launch", "sglang"):
             import sglang
-        except ImportError as e:
-            raise TeacherError(
-                "SGLangEngineTeacher.launch needs sglang (pip install 'distill_guard[sglang]')"
-            ) from e
         return cls(sglang.Engine(**server_args))
 
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:

@@ -19,6 +19,7 @@ from typing import Any, Literal
 import torch
 
 from distill_guard import __version__
+from distill_guard.extras import needed
 from distill_guard.teachers.base import ScoreResult, TeacherError, TeacherStateError, TrackedTeacher
 
 Fault = Literal["zeros", "garbage"]
@@ -56,7 +57,8 @@ class _TMSRegion:
     """A real torch_memory_saver region (CUDA): allocations made in ``allocate()`` are paused by tag."""
 
     def __init__(self, tag: str, *, cpu_backup: bool, hook_mode: str | None):
-        from torch_memory_saver import torch_memory_saver as tms
+        with needed("a real torch_memory_saver region", "gpu"):
+            from torch_memory_saver import torch_memory_saver as tms
 
         if hook_mode is not None and getattr(tms, "_impl", None) is None:
             tms.hook_mode = hook_mode  # only settable before the first region
@@ -160,7 +162,8 @@ class TorchTeacher(TrackedTeacher):
         cls, model_dir: str | Path, *, dtype: torch.dtype | None = None, **kwargs: Any
     ) -> TorchTeacher:
         """Load a checkpoint directory with ``AutoModelForCausalLM`` (on CPU, then moved)."""
-        from transformers import AutoModelForCausalLM
+        with needed("TorchTeacher.from_pretrained", "hf"):
+            from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype or "auto")
         return cls(model, model_path=model_dir, **kwargs)
@@ -302,7 +305,8 @@ class TorchTeacher(TrackedTeacher):
 
 
 def _load_safetensors_dir(path: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
+    with needed("loading a safetensors checkpoint into a TorchTeacher", "hf"):
+        from safetensors.torch import load_file
 
     files = [path] if path.is_file() else sorted(path.glob("*.safetensors"))
     if not files:

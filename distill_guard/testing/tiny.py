@@ -6,6 +6,8 @@ from pathlib import Path
 
 import torch
 
+from distill_guard.extras import needed
+
 QWEN3_VOCAB = 151936
 """Qwen3's vocabulary: a tiny model with this V gives the real uniform value, −11.931215."""
 
@@ -29,7 +31,8 @@ def tiny_qwen3(
     peaked like a trained teacher (top-1 logprob around −0.2 at V = 512, −2 at V = 151936): with
     HF's init a tiny model is itself nearly uniform and a canary could not tell it from a dead one.
     """
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    with needed("build_tiny_qwen3", "hf"):
+        from transformers import Qwen3Config, Qwen3ForCausalLM
 
     config = Qwen3Config(
         vocab_size=vocab_size,

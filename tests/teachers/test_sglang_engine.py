@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 
+from distill_guard.extras import MissingExtra
 from distill_guard.teachers import (
     SGLangEngineTeacher,
     TeacherError,
@@ -146,7 +147,7 @@ def test_a_framework_waking_the_engine_behind_the_guards_back_is_never_fatal(eng
 def test_launch_without_sglang_says_what_to_install() -> None:
     if "sglang" in sys.modules or _has_sglang():
         pytest.skip("sglang is installed")
-    with pytest.raises(TeacherError, match="needs sglang"):
+    with pytest.raises(MissingExtra, match=r"needs sglang.*pip install 'distill_guard\[sglang\]'"):
         SGLangEngineTeacher.launch(model_path="/m")
 
 

@@ -11,10 +11,14 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
+
+from distill_guard.extras import needed
+
+if TYPE_CHECKING:
+    import numpy as np
 
 TOKEN_FIELD = "teacher_log_probs"
 TOPK_FIELD = "opd_topk_teacher_log_probs"
@@ -40,12 +44,20 @@ class TeacherValues:
 
 def numeric(values: Any) -> np.ndarray:
     """A list, numpy array or tensor of numbers as float32 (``None`` entries as NaN)."""
+    np = _numpy()
     if isinstance(values, torch.Tensor):
         return values.detach().float().cpu().numpy()
     try:
         return np.asarray(values, dtype=np.float32)
     except (TypeError, ValueError):
         return np.asarray([math.nan if v is None else float(v) for v in values], dtype=np.float32)
+
+
+def _numpy():
+    """numpy, which every Relax install has (distill_guard's core does not need it)."""
+    with needed("the Relax integration", package="numpy"):
+        import numpy
+    return numpy
 
 
 def topk_rows(values: Any, ksz: Any = None) -> torch.Tensor:
@@ -164,7 +176,7 @@ def like(original: Any, values: torch.Tensor) -> Any:
     """``values`` in the container type of ``original`` (list, numpy array or tensor)."""
     if isinstance(original, torch.Tensor):
         return values.to(dtype=original.dtype, device=original.device)
-    if isinstance(original, np.ndarray):
+    if type(original).__module__ == "numpy" and hasattr(original, "dtype"):
         return values.cpu().numpy().astype(original.dtype, copy=False)
     return values.tolist()
 

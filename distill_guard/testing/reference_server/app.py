@@ -4,6 +4,7 @@ import json
 import threading
 from typing import TYPE_CHECKING, Any
 
+from distill_guard.extras import needed
 from distill_guard.teachers._sglang_wire import json_safe
 from distill_guard.teachers.base import TeacherError
 from distill_guard.testing.reference_server.engine import (
@@ -24,9 +25,10 @@ def create_app(server: "ReferenceServer") -> "FastAPI":
     # No `from __future__ import annotations` in this module: FastAPI must resolve the handlers'
     # annotations, and fastapi is imported here, lazily.
     """The FastAPI app serving ``server`` on SGLang's native routes."""
-    from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, PlainTextResponse, Response
-    from starlette.concurrency import run_in_threadpool
+    with needed("the reference teacher server", "server"):
+        from fastapi import FastAPI, Request
+        from fastapi.responses import JSONResponse, PlainTextResponse, Response
+        from starlette.concurrency import run_in_threadpool
 
     app = FastAPI(
         title="distill_guard reference teacher server (not SGLang)",

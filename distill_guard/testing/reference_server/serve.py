@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from distill_guard.extras import needed
 from distill_guard.testing.reference_server.app import create_app
 from distill_guard.testing.reference_server.engine import ReferenceServer
 
@@ -21,7 +22,8 @@ class ServerThread:
     def __init__(
         self, app: "FastAPI", *, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"
     ) -> None:
-        import uvicorn
+        with needed("the reference teacher server", "server"):
+            import uvicorn
 
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
