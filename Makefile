@@ -1,16 +1,22 @@
 # Two commands: `make demo` runs the main job, `make test` runs the tests.
 # Each builds .venv on first use (CPU-only torch 2.13.0; never a CUDA build).
+# Where the index serves torch as a CUDA build (PyPI on Linux x86_64), point it at a CPU index:
+#   make TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu test
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+TORCH_INDEX_URL ?=
 
-.PHONY: demo test test-all lint bench clean
+.PHONY: demo test test-all lint bench install-matrix clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet "torch==2.13.0"
+	$(PY) -m pip install --quiet "torch==2.13.0" $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
+	@$(PY) -c "import sys, torch; sys.exit(0 if torch.version.cuda is None else \
+		'torch ' + torch.__version__ + ' is a CUDA build (CUDA ' + torch.version.cuda + '), not the CPU build this set-up needs; ' \
+		'rerun with TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu (after rm -rf $(VENV))')"
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
@@ -29,6 +35,9 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/signals.py
+
+install-matrix:  # wheel + sdist into clean venvs, with and without each extra (several minutes)
+	scripts/install_matrix.sh
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache
