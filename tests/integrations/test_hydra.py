@@ -84,7 +84,7 @@ def test_instantiate_callbacks_skips_untargeted_nodes_and_rejects_lists():
 def test_a_typo_in_a_guard_override_fails_at_build_time():
     pytest.importorskip("lightning")
     cfg = _compose(
-        "+callbacks=default", "callbacks.distill_guard.guard_overrides=['policy.halt_afterr=2']"
+        "+callbacks=default", "callbacks.distill_guard.overrides=['policy.halt_afterr=2']"
     )
     with pytest.raises(Exception, match="halt_afterr"):
         instantiate_callbacks(cfg.callbacks)

@@ -75,9 +75,7 @@ def configure(tmp_path, args=None, **kw):
         f"events_path={tmp_path / 'events.jsonl'}",
         "alerts.use_wandb=false",
     ]
-    return relax.use(
-        relax.configure("default", guard_overrides=overrides, args=args or args_for(), **kw)
-    )
+    return relax.use(relax.configure("default", overrides=overrides, args=args or args_for(), **kw))
 
 
 # ---------------------------------------------------------------------------------- contracts

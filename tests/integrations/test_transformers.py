@@ -320,3 +320,31 @@ def test_the_callback_alone_logs_guard_metrics_to_log_history_and_says_where_the
     assert all(h["guard/verdict"] == 0.0 and h["guard/findings"] == 0.0 for h in history)
     told = [r for r in caplog.records if "guard/* metrics reach state.log_history" in r.message]
     assert len(told) == 1 and told[0].levelno == logging.INFO
+
+
+def test_resume_after_a_halt_as_the_docs_show(tmp_path):
+    """checkpoint-N counts the dropped updates; resumed there with the guard's state minus its
+    halt and a fixed teacher, the run goes on to the end with the references and counts kept."""
+    trainer, cb, *_ = run(tmp_path, collapse_at=COLLAPSE_AT)
+    n = trainer.state.global_step
+    ckpt = tmp_path / "out" / f"checkpoint-{n}"
+    assert n == COLLAPSE_AT + 3 and ckpt.exists()
+
+    state = torch.load(ckpt / GUARD_STATE_FILE, weights_only=False)
+    state["summary"]["halt"] = None
+    counted = dict(state["summary"]["count"])
+    assert counted.get("teacher.uniform", 0) >= 3
+    teacher = tiny_qwen3(seed=0)  # the teacher, fixed
+    guard = DistillGuardCallback("default", overrides=["alerts.use_wandb=false"])
+    guard.guard.load_state_dict(state)
+    resumed = GuardedTinyGKDTrainer(
+        model=student_of(teacher),
+        args=trainer.args,
+        train_dataset=token_rows(),
+        teacher_model=teacher,
+        callbacks=[guard],
+    )
+    resumed.train(resume_from_checkpoint=str(ckpt))
+    assert resumed.state.global_step == MAX_STEPS and not guard.guard.halted
+    assert guard.step_guard.skipped_updates == 3  # the dropped updates before the halt, no more
+    assert guard.guard.summary.count == counted  # nothing new on the fixed teacher

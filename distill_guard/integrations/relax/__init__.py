@@ -77,7 +77,7 @@ def state(args: Any = None) -> RelaxGate:
         if events:
             overrides.append(f"events_path={events}")
         _GATE = configure(
-            os.environ.get("DISTILL_GUARD_PRESET", "default"), guard_overrides=overrides, args=args
+            os.environ.get("DISTILL_GUARD_PRESET", "default"), overrides=overrides, args=args
         )
     return _GATE
 

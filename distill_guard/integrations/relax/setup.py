@@ -29,6 +29,7 @@ from typing import Any
 
 from distill_guard.config import GuardSpec, build_guard
 from distill_guard.guard import DistillGuard
+from distill_guard.integrations.plain import refuse_unexpected
 from distill_guard.integrations.relax.feedback import FEEDBACK_BASES
 from distill_guard.integrations.relax.gate import RelaxGate
 from distill_guard.integrations.relax.trainer import board_for
@@ -91,12 +92,13 @@ def check_gates(args: Any, expected: Sequence[str]) -> list[str]:
 def configure(
     guard: GuardSpec = None,
     *,
-    guard_overrides: Sequence[str] = (),
+    overrides: Sequence[str] = (),
     args: Any = None,
     teacher: Any = None,
     canary: Any = None,
     gates: Sequence[str] | None = None,
     on_dead_teacher: str | None = None,
+    **unexpected: Any,
 ) -> RelaxGate:
     """Set up the gate (else the first hook call does it from the environment).
 
@@ -105,12 +107,13 @@ def configure(
     teacher URL the teacher. ``gates`` are the gates the launcher wired; a missing one raises
     :class:`GuardSetupError`. ``on_dead_teacher`` is ``halt`` or ``repair``.
     """
+    refuse_unexpected("configure", unexpected)
     on_dead = on_dead_teacher or os.environ.get("DISTILL_GUARD_ON_DEAD_TEACHER", "halt")
     if on_dead not in ON_DEAD:
         raise GuardSetupError(
             f"DISTILL_GUARD_ON_DEAD_TEACHER must be halt or repair, got {on_dead!r}"
         )
-    overrides = list(guard_overrides)
+    overrides = list(overrides)
     if not isinstance(guard, DistillGuard):
         overrides.append(f"policy.critical_action={ON_DEAD[on_dead]}")
     g = build_guard(guard, overrides)
