@@ -6,15 +6,20 @@ Two ways in, usable together:
   On a halt it asks the Trainer for a checkpoint (``control.should_save``) and stops it
   (``control.should_training_stop``). transformers' ``logging_nan_inf_filter`` (on by default)
   replaces a NaN/inf loss before ``on_log`` sees it, so the callback alone cannot see a NaN loss.
-- For trainers that compute the teacher's logits in-process (TRL's ``GKDTrainer`` and its
-  on-policy distillation kin), :class:`GuardedDistillationMixin` (or :func:`guard_trainer`) also
-  hands the teacher's logits and the raw loss to the guard *before the optimizer step*:
+- For trainers that run the teacher in-process (TRL's ``DistillationTrainer`` and
+  ``trl.experimental.gkd.GKDTrainer``), :class:`GuardedDistillationMixin` (or
+  :func:`guard_trainer`) also hands the teacher's distribution (:func:`watch_trainer_teacher`)
+  and the raw loss to the guard *before the optimizer step*:
   ``on_pre_optimizer_step`` drops the gradients of a step that trained on a dead teacher or a
   NaN loss, so the bad update never happens. Custom ``compute_loss`` code can instead call
   :meth:`DistillGuardCallback.observe_teacher_logits` / ``observe_loss`` itself.
 
 Step numbers are optimizer updates: the teacher scores of update ``s`` are judged at
 ``state.global_step == s``, its logged metrics (reported after the increment) as step ``s`` too.
+A dropped update still counts: a halt's ``checkpoint-N`` has ``N = state.global_step``.
+
+Every training log also carries the guard's ``guard/*`` metrics
+(:data:`distill_guard.summary.GUARD_METRICS`), from the front of the Trainer's callbacks.
 """
 
 from __future__ import annotations
@@ -202,8 +207,9 @@ def guard_trainer(
 ) -> DistillGuardCallback:
     """Add a guard to an existing Trainer and watch its teacher's forwards.
 
-    ``teacher`` defaults to ``trainer.<teacher_attr>`` (TRL's ``GKDTrainer.teacher_model``).
-    Reuses the trainer's :class:`DistillGuardCallback` when it already has one.
+    ``teacher`` defaults to ``trainer.<teacher_attr>`` (TRL's ``teacher_model``). Reuses the
+    trainer's :class:`DistillGuardCallback` when it already has one, and puts it first among the
+    trainer's callbacks.
     """
     cb = find_guard_callback(trainer)
     if cb is None:
@@ -304,13 +310,15 @@ def _logit_scale(config: Any) -> float:
 class GuardedDistillationMixin:
     """Mix into a Trainer that runs its teacher inside ``compute_loss``::
 
-        class GuardedGKDTrainer(GuardedDistillationMixin, GKDTrainer): ...
+        class GuardedDistillationTrainer(GuardedDistillationMixin, DistillationTrainer): ...
 
-        trainer = GuardedGKDTrainer(..., callbacks=[DistillGuardCallback("default")])
+        trainer = GuardedDistillationTrainer(..., callbacks=[DistillGuardCallback("default")])
 
-    On the first training ``compute_loss`` it finds the trainer's :class:`DistillGuardCallback`
-    and watches ``self.<distill_guard_teacher_attr>`` (``teacher_model``, as in TRL); every raw
-    training loss then goes to the guard too. Both are judged in ``on_pre_optimizer_step``.
+    On construction it puts the trainer's :class:`DistillGuardCallback` first among its
+    callbacks (so ``report_to`` sees the ``guard/*`` metrics); on the first training
+    ``compute_loss`` it watches ``self.<distill_guard_teacher_attr>`` (``teacher_model``, as in
+    TRL) with :func:`watch_trainer_teacher`; every raw training loss then goes to the guard too.
+    Both are judged in ``on_pre_optimizer_step``.
     """
 
     distill_guard_teacher_attr: str = "teacher_model"
