@@ -1,4 +1,5 @@
-"""GPU tests: skipped cleanly without CUDA or torch_memory_saver."""
+"""GPU tests: skipped cleanly without CUDA, or without torch_memory_saver unless the module sets
+``NEEDS_TORCH_MEMORY_SAVER = False``."""
 
 from __future__ import annotations
 
@@ -18,7 +19,10 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.gpu)
             if not torch.cuda.is_available():
                 item.add_marker(pytest.mark.skip(reason="needs CUDA"))
-            elif importlib.util.find_spec("torch_memory_saver") is None:
+            elif (
+                getattr(item.module, "NEEDS_TORCH_MEMORY_SAVER", True)
+                and importlib.util.find_spec("torch_memory_saver") is None
+            ):
                 item.add_marker(pytest.mark.skip(reason="needs torch_memory_saver"))
 
 
