@@ -30,6 +30,8 @@ import torch
 import transformers
 from omegaconf import DictConfig, OmegaConf
 
+from distill_guard import DistillGuard
+from distill_guard.summary import VERDICT_SKIP, VERDICT_TRAIN
 from distill_guard.teachers import SGLangHTTPTeacher, Teacher, TorchTeacher
 from examples.sdpo_sciknoweval.arms import ARMS, ArmSpec, make_guard, run_guarded_arm
 from examples.sdpo_sciknoweval.data import DataConfig, build_dataset
@@ -42,7 +44,8 @@ from examples.sdpo_sciknoweval.faults import (
 from examples.sdpo_sciknoweval.models import load_model
 from examples.sdpo_sciknoweval.pretrain import PretrainConfig, pretrain
 from examples.sdpo_sciknoweval.run_arm import ArmConfig
-from examples.sdpo_sciknoweval.summary import arm_summary, format_table, plot_timeline
+from examples.sdpo_sciknoweval.summary import arm_summary, format_table
+from examples.sdpo_sciknoweval.timeline import Bounds, plot_timeline
 from examples.sdpo_sciknoweval.tokenizer import build_tokenizer
 
 log = logging.getLogger("sdpo_demo")
@@ -71,6 +74,46 @@ def open_teacher(cfg: DictConfig, teacher_dir: Path, backup: bool) -> Iterator[T
         raise ValueError(
             f"teacher.kind must be torch, reference_server or sglang_http, got {kind!r}"
         )
+
+
+def served_backup(teacher: Teacher, configured: bool) -> bool:
+    """The weights CPU backup the teacher really runs with: an HTTP server's own
+    ``enable_weights_cpu_backup`` (``/get_server_info``; absent before SGLang 0.5.3, which has
+    none), the arm's setting in process."""
+    if not isinstance(teacher, SGLangHTTPTeacher):
+        return configured
+    served = bool(teacher.server_info().get("enable_weights_cpu_backup", False))
+    if served != configured:
+        log.info(
+            "teacher at %s reports enable_weights_cpu_backup=%s (the arm asked for %s): the "
+            "summary gives the server's",
+            teacher.url,
+            served,
+            configured,
+        )
+    return served
+
+
+WANDB_KEYS = {
+    "loss": "train/loss",
+    "student_entropy": "train/entropy",
+    "eos_prob": "train/eos_prob",
+    "truncated_ratio": "train/truncated_ratio",
+    "teacher_logprob": "train/teacher_logprob",
+    "reward": "train/reward",
+    "trained": "train/update_applied",
+    "seconds": "train/seconds",
+    "eval_accuracy": "eval/accuracy",
+}
+"""The step record's numbers under the names a dashboard groups them by."""
+
+
+def wandb_row(record: dict, guard: DistillGuard) -> dict[str, float]:
+    """One wandb row: the record's numbers namespaced (:data:`WANDB_KEYS`) and the guard's
+    ``guard/*`` metrics of the step (``GUARD_METRICS``, the names every integration logs)."""
+    row = {WANDB_KEYS[k]: float(v) for k, v in record.items() if k in WANDB_KEYS}
+    verdict = VERDICT_TRAIN if record.get("trained", True) else VERDICT_SKIP
+    return row | guard.summary.metrics(repairs=guard.repairs, verdict=verdict)
 
 
 def open_wandb(cfg: DictConfig, arm: str, out: Path) -> Any:
@@ -120,10 +163,11 @@ def run_one_arm(cfg: DictConfig, name: str, ctx: dict[str, Any]) -> tuple[dict, 
     )
     wandb_run = open_wandb(cfg, name, out)
 
+    guard: DistillGuard | None = None
+
     def on_record(record: dict) -> None:
-        if wandb_run is not None:
-            numbers = {k: v for k, v in record.items() if isinstance(v, (int, float))}
-            wandb_run.log(numbers, step=record["step"])
+        if wandb_run is not None and guard is not None:
+            wandb_run.log(wandb_row(record, guard), step=record["step"])
         if record["step"] % cfg.progress_every == 0 and "loss" in record:
             log.info(
                 "  %s step %3d  loss %.4f  entropy %.3f  guard %s  repairs %d",
@@ -136,6 +180,7 @@ def run_one_arm(cfg: DictConfig, name: str, ctx: dict[str, Any]) -> tuple[dict, 
             )
 
     with open_teacher(cfg, ctx["teacher_dir"], spec.backup) as teacher:
+        spec = dataclasses.replace(spec, backup=served_backup(teacher, spec.backup))
         guard = make_guard(guard_cfg, teacher, out / f"events_{name}.jsonl", wandb_run)
         replica = garbage_replica(ctx["teacher_dir"], cfg.seed) if spec.fault == "partial" else None
         scorer = FaultyScorer(
@@ -156,18 +201,22 @@ def run_one_arm(cfg: DictConfig, name: str, ctx: dict[str, Any]) -> tuple[dict, 
             guard,
             on_record,
             out / f"halt_{name}",
+            ctx["reference"],
             scorer,
         )
         summary = arm_summary(spec, trace, guard.halted)
     summary["seconds"] = round(time.perf_counter() - start, 1)
     if wandb_run is not None:
-        wandb_run.summary.update({k: v for k, v in summary.items() if isinstance(v, (int, float))})
+        wandb_run.summary.update(
+            {f"demo/{k}": v for k, v in summary.items() if isinstance(v, (int, float))}
+        )
         wandb_run.finish()
     return summary, trace
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     fault = check_fault(cfg.fault)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per teacher request
     transformers.utils.logging.disable_progress_bar()
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
@@ -191,6 +240,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "teacher_dir": teacher_dir,
         "student_dir": student_dir,
         "tokenizer": build_tokenizer(),
+        # the healthy teacher, never slept: what the poisoned-update count compares against
+        "reference": TorchTeacher.from_pretrained(teacher_dir, enable_memory_saver=False),
         "train": train,
         "eval_items": eval_items,
         "arm_cfg": ArmConfig(**OmegaConf.to_container(cfg.arm), seed=cfg.seed),
@@ -200,7 +251,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         summaries[name], traces[name] = run_one_arm(cfg, name, ctx)
     result = {"fault": fault, "arms": summaries, "seconds": round(time.perf_counter() - start, 1)}
     (out / "summary.json").write_text(json.dumps(result, indent=1))
-    plot_timeline(traces, out / "timeline.png", fault)
+    bounds = Bounds(beta=ctx["arm_cfg"].beta, vocab_size=ctx["reference"].vocab_size)
+    plot_timeline(traces, summaries, bounds, out / "timeline.png", fault)
     print(format_table(summaries, fault))
     print(
         f"\nwritten: {out / 'summary.json'}, {out / 'timeline.png'}, events_<arm>.jsonl "

@@ -78,19 +78,46 @@ class ArmTrace:
     uniform_rows: int = 0
     scored_rows: int = 0
     poisoned_updates: int = 0
-    """Optimizer steps applied while the teacher that scored the batch had lost its weights, or
-    on a batch the arm's fault corrupted (its teacher scores, or with ``beta_end`` its loss)."""
+    """Optimizer steps taken on teacher scores that are not the healthy teacher's (a teacher dead
+    at that step, or a fault between it and the trainer), or with ``beta_end`` on the signal-less
+    loss: see :func:`scores_differ`."""
     first_finding: dict | None = None
     halted: bool = False
 
 
-def teacher_is_dead(teacher: Teacher) -> bool:
-    """Ground truth for the demo's bookkeeping (not a check the guard uses): every parameter of
-    the in-process teacher is zero."""
-    model = getattr(teacher, "model", None)
-    if model is None:
-        return False
-    return all(float(p.detach().abs().max()) == 0.0 for p in model.parameters())
+POISON_TOL = 0.1
+"""Nats: a sample's teacher scores are poisoned when they stray from the healthy teacher's by
+more than this on average (a dead teacher is nats away; numerics, even bf16 over HTTP, are not)."""
+
+
+def scores_differ(
+    reference: Teacher,
+    sequences: list[list[int]],
+    logprob_start_len: int,
+    top: torch.Tensor,
+    tokens: torch.Tensor | None,
+    sample_index: torch.Tensor,
+) -> bool:
+    """Ground truth for the demo's bookkeeping (not a check the guard uses): whether what the
+    trainer consumed (``top`` ``[N, k]`` sorted teacher log-probs and ``tokens`` ``[N]``, at the
+    response positions of each sample in ``sample_index``) strays from what ``reference``, the
+    healthy teacher checkpoint in process, gives on the same sequences. One definition for every
+    kind of teacher: it reads the numbers, never the teacher object."""
+    ref = reference.score(sequences, top_k=top.shape[1], logprob_start_len=logprob_start_len)
+    assert ref.topk_logprobs is not None
+    for b in range(len(sequences)):
+        rows = sample_index == b
+        n = int(rows.sum())
+        if n == 0:
+            continue
+        gap = (top[rows].float() - ref.topk_logprobs[b][-n:]).abs().mean()
+        if tokens is not None:
+            gap = torch.maximum(
+                gap, (tokens[rows].float() - ref.token_logprobs[b][-n:]).abs().mean()
+            )
+        if float(gap) > POISON_TOL:
+            return True
+    return False
 
 
 def make_guard(guard_cfg: Any, teacher: Teacher, events: Path, wandb_run: Any) -> DistillGuard:
@@ -113,18 +140,20 @@ def run_guarded_arm(
     guard: DistillGuard,
     on_record: Callable[[dict], None],
     checkpoint_dir: Path,
+    reference: Teacher,
     scorer: FaultyScorer | None = None,
 ) -> ArmTrace:
     """One arm: the student trains on the teacher's scores; the guard sees every stage.
 
-    ``scorer`` stands between the teacher and the trainer under a fault (``spec.fault``); every
-    update under the fault is counted as poisoned. A halt stops the arm after saving the student
-    to ``checkpoint_dir`` (the event file says why).
+    ``scorer`` stands between the teacher and the trainer under a fault (``spec.fault``).
+    ``reference`` is the healthy teacher checkpoint, in process and never slept: an update the
+    optimizer took on scores that stray from its (:func:`scores_differ`) is counted as poisoned,
+    whatever kind of teacher the arm runs on. A halt stops the arm after saving the student to
+    ``checkpoint_dir`` (the event file says why).
     """
     trace = ArmTrace()
     uniform = -math.log(teacher.vocab_size)
-    dead_when_scored = False
-    faulted = spec.fault != "none"
+    scored: dict[str, Any] = {}  # the step's scoring call and what the trainer consumed of it
     if scorer is None:
         scorer = FaultyScorer("none", teacher)
 
@@ -136,29 +165,36 @@ def run_guarded_arm(
             raise _Halted
 
     def wake(step: int) -> None:
-        nonlocal dead_when_scored
         guard.wake(step)
         note()
-        dead_when_scored = teacher_is_dead(teacher)
 
     def score(seqs: list[list[int]], top_k: int, start: int):
+        scored.clear()
+        scored.update(sequences=seqs, logprob_start_len=start)
         result = scorer(seqs, top_k, start)
         return result.topk_ids, result.topk_logprobs, result.token_logprobs
 
     def check(step: int, top: torch.Tensor, tokens: torch.Tensor | None, **ids: Any) -> bool:
         trace.scored_rows += top.shape[0]
         trace.uniform_rows += int(((top[:, 0] - uniform).abs() <= 1e-3).sum())
+        scored.update(top=top, tokens=tokens, sample_index=ids["sample_index"])
         decision = guard.on_teacher_scores(step, token_logprobs=tokens, topk_logprobs=top, **ids)
         note()
-        apply = not decision.acts
-        trace.poisoned_updates += int(apply and (dead_when_scored or faulted))
-        return apply
+        return not decision.acts
+
+    def poisoned() -> bool:
+        """The update just taken: on the signal-less loss, or on scores not the healthy teacher's."""
+        return spec.fault == "beta_end" or scores_differ(reference, **scored)
 
     def sleep(step: int) -> None:
         guard.sleep(step)
 
     def on_step(record: dict) -> None:
         if "loss" in record:
+            record["poisoned"] = bool(record["trained"] and poisoned())
+            trace.poisoned_updates += record["poisoned"]
+            if not record["trained"]:
+                guard.summary.add_skipped_update()  # the loop dropped it: guard/skipped_updates
             metrics = {role: record.get(role) for role in Metric.ALL}
             record["guard_action"] = guard.on_step_metrics(record["step"], metrics).action.value
         record["repairs"] = guard.repairs

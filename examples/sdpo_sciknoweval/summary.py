@@ -1,8 +1,7 @@
-"""What the demo concludes: ``summary.json``, the table printed at the end, ``timeline.png``."""
+"""What the demo concludes: ``summary.json`` and the table printed at the end."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from examples.sdpo_sciknoweval.arms import ArmSpec, ArmTrace
@@ -69,63 +68,3 @@ def format_table(arms: dict[str, dict[str, Any]], fault: str = "none") -> str:
             f"{a['poisoned_updates']:>8}"
         )
     return "\n".join(lines)
-
-
-def plot_timeline(
-    traces: dict[str, ArmTrace], path: str | os.PathLike[str], fault: str = "none"
-) -> None:
-    """Loss, student entropy, teacher logprob and eval accuracy of every arm, step by step."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    panels = (
-        ("loss", "JSD loss"),
-        ("student_entropy", "student entropy (nats)"),
-        ("teacher_logprob", "teacher logprob of sampled tokens"),
-        ("eval_accuracy", "eval accuracy"),
-    )
-    # healthy as a wide band under a dashed guarded line: when the repairs work they coincide
-    styles = {
-        "healthy": {"color": "tab:green", "lw": 4.0, "alpha": 0.45},
-        "unguarded": {"color": "tab:red", "lw": 1.4},
-        "guarded": {"color": "tab:blue", "lw": 1.4, "ls": "--"},
-    }
-    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 9), sharex=True)
-    for ax, (key, label) in zip(axes, panels):
-        for name, trace in traces.items():
-            pts = [(r["step"], r[key]) for r in trace.records if r.get(key) is not None]
-            if pts:
-                ax.plot(
-                    *zip(*pts),
-                    label=name,
-                    marker="o" if key == "eval_accuracy" else None,
-                    ms=3,
-                    **styles.get(name, {}),
-                )
-        ax.set_ylabel(label, fontsize=8)
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8, loc="upper right")
-    guarded = traces.get("guarded")
-    if guarded is not None and guarded.first_finding is not None:
-        for ax in axes:
-            ax.axvline(guarded.first_finding["step"], color="tab:blue", ls=":", lw=1)
-        repaired = any(r.get("repairs") for r in guarded.records)
-        outcome = "repair" if repaired else "halt" if guarded.halted else "alert"
-        axes[0].annotate(
-            f"guard: {guarded.first_finding['code']} → {outcome}",
-            (guarded.first_finding["step"], 1.0),
-            xycoords=("data", "axes fraction"),
-            fontsize=7,
-            color="tab:blue",
-            va="bottom",
-        )
-    axes[-1].set_xlabel("step")
-    title = "SDPO miniature: teacher slept and woken every step"
-    if fault != "none":
-        title += f"; fault={fault}"
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

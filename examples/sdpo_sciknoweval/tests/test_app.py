@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 
+from distill_guard import DistillGuard
 from distill_guard.events import read_events
+from distill_guard.summary import GUARD_METRICS, VERDICT_SKIP
+from distill_guard.testing.servers import reference_teacher
 from examples.sdpo_sciknoweval import app, run_arm
+from examples.sdpo_sciknoweval.arms import ArmSpec
+from examples.sdpo_sciknoweval.summary import format_table
 
 CONF = Path(__file__).resolve().parents[3] / "conf"
 
@@ -91,9 +97,64 @@ def test_healthy_arm_is_left_alone(demo):
     )
 
 
+def test_wandb_rows_are_namespaced_and_carry_the_guards_metrics():
+    guard = DistillGuard()
+    record = {"step": 3, "loss": 0.1, "student_entropy": 0.2, "eval_accuracy": 0.5}
+    row = app.wandb_row({**record, "trained": False, "guard_action": "skip_batch"}, guard)
+    assert set(row) == {"train/loss", "train/entropy", "eval/accuracy", "train/update_applied"} | (
+        set(GUARD_METRICS)
+    )
+    assert row["train/entropy"] == 0.2 and row["guard/verdict"] == VERDICT_SKIP
+    assert app.wandb_row({"step": 4, "eval_accuracy": 0.5}, guard)["guard/verdict"] == 0
+
+
 def test_an_unknown_arm_is_refused():
     with pytest.raises(ValueError, match="unknown arm"):
         app.main.__wrapped__(compose_demo(["arms=[healthy,sideways]"]))
+
+
+# ---------------------------------------------------------------------- teachers over HTTP
+
+
+@pytest.fixture()
+def run_short(demo, tmp_path, monkeypatch):
+    """``app.run`` on the module's pretrained models (no second pretraining), shortened, without
+    the greedy evaluations and the plot: what is asserted is the bookkeeping's."""
+    monkeypatch.setattr(run_arm, "evaluate", lambda *args, **kwargs: 0.0)
+    monkeypatch.setattr(app, "plot_timeline", lambda *args, **kwargs: None)
+    (tmp_path / "pretrain").symlink_to(demo[1] / "pretrain", target_is_directory=True)
+
+    def go(*overrides: str, steps: int = 2) -> dict:
+        base = [f"out_dir={tmp_path}", f"arm.steps={steps}", "arm.batch_size=16"]
+        base += [f"arm.eval_every={steps}", "wandb.mode=disabled"]
+        return app.run(compose_demo([*base, *overrides]))["arms"]
+
+    return go
+
+
+def test_a_dead_teacher_over_http_poisons_the_unguarded_updates_as_in_process(run_short, caplog):
+    """The poisoned count reads what the trainer consumed, not the teacher object: the same for
+    a loopback-HTTP teacher as for the in-process one (an HTTP client has no weights to look at).
+    """
+    caplog.set_level(logging.INFO)
+    arms = run_short("teacher=reference_server", "arms=[unguarded,guarded]")
+    u, g = arms["unguarded"], arms["guarded"]
+    assert u["teacher_uniform_fraction"] == 1.0 and u["poisoned_updates"] == 2
+    assert g["poisoned_updates"] == 0 and g["repairs"] == 2
+    assert not [r for r in caplog.records if r.name.startswith("httpx")]  # no line per request
+
+
+def test_the_backup_column_says_what_the_server_says(run_short, demo, caplog):
+    """A server launched with the weights CPU backup, an arm configured without: the summary gives
+    the server's setting (its ``/get_server_info``), and the teacher indeed keeps its weights."""
+    teacher_dir = demo[1] / "pretrain" / "teacher"
+    assert not ArmSpec.named("unguarded").backup
+    with reference_teacher(teacher_dir, enable_cpu_backup=True) as (url, _):
+        arms = run_short("teacher=sglang_http", f"teacher.url={url}", "arms=[unguarded]")
+    u = arms["unguarded"]
+    assert u["teacher_cpu_backup"] is True
+    assert u["teacher_uniform_fraction"] == 0.0 and u["poisoned_updates"] == 0
+    assert format_table(arms).splitlines()[2].split()[:2] == ["unguarded", "yes"]
 
 
 # ---------------------------------------------------------------------- fault=<name>
