@@ -18,8 +18,7 @@ import queue
 import threading
 import time
 from typing import Any
-
-import httpx
+from urllib.parse import urlsplit
 
 log = logging.getLogger("distill_guard")
 
@@ -77,10 +76,11 @@ class WebhookSink:
     ) -> None:
         where = f"${env}" if env else "the webhook URL"
         try:
-            parsed = httpx.URL(url)
-        except Exception:  # noqa: BLE001 - httpx raises several kinds for a bad URL
-            parsed = None
-        if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host:
+            parsed = urlsplit(url)
+            host = parsed.hostname
+        except ValueError:
+            parsed, host = None, None
+        if parsed is None or parsed.scheme not in ("http", "https") or not host:
             raise ValueError(
                 f"{where} is not an http(s) URL; set it to the receiver's incoming-webhook URL "
                 "(https://hooks.slack.com/services/...) or unset it"
@@ -89,8 +89,8 @@ class WebhookSink:
             raise ValueError(f"webhook timeout_s must be > 0, got {timeout_s}")
         self.url = url
         self.env = env
-        self.host = parsed.host
-        self._secrets = [url, parsed.raw_path.decode("ascii", "replace")]
+        self.host = host
+        self._secrets = [url, parsed.path]
         self.timeout_s = timeout_s
         self._queue: queue.Queue[tuple[dict[str, Any], Any] | None] = queue.Queue(queue_size)
         self._thread: threading.Thread | None = None
@@ -142,6 +142,8 @@ class WebhookSink:
         atexit.register(self.close)
 
     def _deliver(self, jobs: queue.Queue[tuple[dict[str, Any], Any] | None]) -> None:
+        import httpx  # here, not at import: the package needs only torch until a webhook is used
+
         with httpx.Client(timeout=self.timeout_s, follow_redirects=False) as client:
             while (job := jobs.get()) is not None:
                 payload, failed = job
@@ -152,8 +154,10 @@ class WebhookSink:
                     except Exception:  # noqa: BLE001 - the reporter must not end the thread
                         log.exception("distill_guard: reporting a webhook failure failed")
 
-    def _post(self, client: httpx.Client, payload: dict[str, Any]) -> str | None:
+    def _post(self, client: Any, payload: dict[str, Any]) -> str | None:
         """None when the receiver took the alert, else what went wrong (never the URL)."""
+        import httpx
+
         try:
             response = client.post(self.url, json=payload)
         except httpx.TimeoutException:
