@@ -367,9 +367,9 @@ class DistillGuard:
         )
         self.events.write("attached", **record)
         log.info(
-            "distill_guard: attached on rank %d (preset %s, %d checks%s); alerts to %s",
+            "distill_guard: attached on rank %d (%s, %d checks%s); alerts to %s",
             self.rank,
-            self.preset or "custom",
+            f"preset {self.preset}" if self.preset else "custom configuration",
             len(self.checks),
             ", monitor only" if self.policy.monitor_only else "",
             ", ".join(["log", *(s["sink"] for s in record["alert_sinks"])]),
