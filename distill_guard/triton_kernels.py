@@ -145,8 +145,25 @@ MODE_JSD, MODE_FORWARD_KL, MODE_REVERSE_KL = 0, 1, 2
 STATS_ROWS = 7
 """Rows of the ``[7, N]`` float32 statistics: see the ``STAT_*`` indices."""
 STAT_LSE_S, STAT_LSE_T, STAT_H_S, STAT_H_T, STAT_TOP1_T, STAT_LOSS, STAT_AUX = range(7)
-STATS_BLOCK, STATS_NUM_WARPS = 4096, 8
+STATS_BLOCK, STATS_NUM_WARPS = 2048, 4
 PASS_BLOCK, PASS_NUM_WARPS = 2048, 8
+
+
+@triton.jit
+def _log2(x, FAST: tl.constexpr):
+    """log₂ x; with FAST the hardware approximation (rel. error < 2^-22), not libdevice's."""
+    if FAST:
+        y = tl.inline_asm_elementwise(
+            "lg2.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        y = tl.log2(x)
+    return y
+
+
+def _fast_log(x: torch.Tensor) -> bool:
+    """PTX inline assembly: NVIDIA GPUs only (not ROCm, not Triton's CPU interpreter)."""
+    return x.is_cuda and torch.version.hip is None
 
 
 @triton.jit
@@ -222,6 +239,7 @@ def _jsd_given_lse_kernel(
     inv_temp,
     beta,
     HAS_VALID: tl.constexpr,
+    FAST_LOG: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -230,8 +248,10 @@ def _jsd_given_lse_kernel(
         n_eff = tl.where(tl.load(valid_ptr + row) != 0, n_cols, 0)
     s_base = s_ptr + row * stride_s
     t_base = t_ptr + row * stride_t
-    lse_s = tl.load(lse_s_ptr + row)
-    lse_t = tl.load(lse_t_ptr + row)
+    # in log2 units throughout: x·c − lse₂ is log₂ p, one FMA per element
+    c = inv_temp * 1.4426950408889634
+    lse_s = tl.load(lse_s_ptr + row) * 1.4426950408889634
+    lse_t = tl.load(lse_t_ptr + row) * 1.4426950408889634
     acc_s = tl.zeros([BLOCK], tl.float32)
     acc_t = tl.zeros([BLOCK], tl.float32)
     for start in range(0, n_eff, BLOCK):
@@ -239,15 +259,15 @@ def _jsd_given_lse_kernel(
         mask = cols < n_cols
         x = tl.load(s_base + cols, mask=mask, other=float("-inf")).to(tl.float32)
         y = tl.load(t_base + cols, mask=mask, other=float("-inf")).to(tl.float32)
-        ls = x * inv_temp - lse_s
-        lt = y * inv_temp - lse_t
-        ps = tl.exp2(ls * 1.4426950408889634)
-        pt = tl.exp2(lt * 1.4426950408889634)
-        lm = tl.log((1.0 - beta) * ps + beta * pt)
+        ls = x * c - lse_s
+        lt = y * c - lse_t
+        ps = tl.exp2(ls)
+        pt = tl.exp2(lt)
+        lm = _log2((1.0 - beta) * ps + beta * pt, FAST_LOG)  # the mixture, in probability space
         acc_s += tl.where(ps == 0, 0.0, ps * (ls - lm))
         acc_t += tl.where(pt == 0, 0.0, pt * (lt - lm))
-    kl_s = tl.sum(acc_s, axis=0)
-    kl_t = tl.sum(acc_t, axis=0)
+    kl_s = tl.sum(acc_s, axis=0) * 0.6931471805599453
+    kl_t = tl.sum(acc_t, axis=0) * 0.6931471805599453
     tl.store(out_ptr + row, (1.0 - beta) * kl_s + beta * kl_t)
     tl.store(aux_ptr + row, kl_s)
 
@@ -268,6 +288,7 @@ def _loss_grad_kernel(
     inv_temp,
     beta,
     MODE: tl.constexpr,
+    FAST_LOG: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -276,25 +297,25 @@ def _loss_grad_kernel(
     g_base = g_ptr + row * stride_g
     w = tl.load(w_ptr + row)
     n_eff = tl.where(w != 0, n_cols, 0)  # a row of weight 0 (masked) is only zeroed
-    lse_s = tl.load(lse_s_ptr + row)
-    lse_t = tl.load(lse_t_ptr + row)
+    c = inv_temp * 1.4426950408889634
+    lse_s = tl.load(lse_s_ptr + row) * 1.4426950408889634  # log2 units, as in the JSD pass
+    lse_t = tl.load(lse_t_ptr + row) * 1.4426950408889634
     aux = tl.load(aux_ptr + row)
     for start in range(0, n_eff, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         mask = cols < n_cols
         x = tl.load(s_base + cols, mask=mask, other=float("-inf")).to(tl.float32)
         y = tl.load(t_base + cols, mask=mask, other=float("-inf")).to(tl.float32)
-        ls = x * inv_temp - lse_s
-        lt = y * inv_temp - lse_t
-        ps = tl.exp2(ls * 1.4426950408889634)
+        ls = x * c - lse_s
+        lt = y * c - lse_t
+        ps = tl.exp2(ls)
         if MODE == 0:  # ∂JSD/∂x = (1−β)·p_s·(ls − lm − KL(s‖m)); (1−β)/τ is in w
-            pt = tl.exp2(lt * 1.4426950408889634)
-            lm = tl.log((1.0 - beta) * ps + beta * pt)
-            g = tl.where(ps == 0, 0.0, ps * (ls - lm - aux))
+            lm = _log2((1.0 - beta) * ps + beta * tl.exp2(lt), FAST_LOG)
+            g = tl.where(ps == 0, 0.0, ps * ((ls - lm) * 0.6931471805599453 - aux))
         elif MODE == 1:  # ∂KL(t‖s)/∂x = p_s − p_t
-            g = ps - tl.exp2(lt * 1.4426950408889634)
+            g = ps - tl.exp2(lt)
         else:  # ∂KL(s‖t)/∂x = p_s·(ls − lt − KL(s‖t))
-            g = tl.where(ps == 0, 0.0, ps * (ls - lt - aux))
+            g = tl.where(ps == 0, 0.0, ps * ((ls - lt) * 0.6931471805599453 - aux))
         tl.store(g_base + cols, (w * g).to(g_ptr.dtype.element_ty), mask=mask)
     for start in range(0, n_cols - n_eff, BLOCK):
         cols = start + tl.arange(0, BLOCK)
@@ -386,6 +407,7 @@ def triton_jsd_given_lse(
             inv_temp,
             beta,
             HAS_VALID=has_valid,
+            FAST_LOG=_fast_log(s),
             BLOCK=block,
             num_warps=num_warps,
         )
@@ -425,6 +447,7 @@ def triton_loss_grad(
             inv_temp,
             beta,
             MODE=mode,
+            FAST_LOG=_fast_log(s),
             BLOCK=block,
             num_warps=num_warps,
         )

@@ -62,7 +62,7 @@ def test_peak_memory_is_a_few_rows_or_just_the_gradient(inplace):
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - base
     grad_bytes = n * V * 2
-    rows = 64 * n * 4  # a few [N] float32 vectors
+    rows = 256 * n * 4  # a few dozen [N] float32 vectors: 1 MB, against 622 MB for [N, V] fp32
     assert extra < (rows if inplace else grad_bytes + rows), extra
     assert (grad.data_ptr() == logits.data_ptr()) is inplace
     assert math.isfinite(float(out.loss.detach()))
