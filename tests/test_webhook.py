@@ -87,10 +87,12 @@ def uniform():
     return torch.full((8, 4), -math.log(V))
 
 
-def test_the_alert_arrives_as_slack_json_with_title_level_and_text(receiver):
+def test_the_alert_arrives_as_slack_json_with_title_level_and_text(receiver, caplog):
+    caplog.set_level(logging.DEBUG)  # httpx and httpcore too: none of them may log the secret
     a = Alerter(use_wandb=False, log_alerts=False, webhook_env=WEBHOOK_ENV)
     assert a.alert("distill_guard halt: teacher.uniform", "step 3: halt\nrow max < 1e-3 & more")
     a.close()
+    assert "s3cr3t" not in caplog.text
     (body,) = receiver.bodies
     assert receiver.paths == [SECRET]
     # plain text for generic receivers and Slack's notification; blocks for Slack's view

@@ -31,6 +31,20 @@ _SECTION_MAX = 2900
 """Slack refuses a section text over 3000 characters."""
 
 
+THREAD = "distill_guard-webhook"
+
+
+class _NotOurRequests(logging.Filter):
+    """httpx logs every request at INFO with its whole URL, the webhook's secret: drop the
+    records of the sender thread, and only those."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.threadName != THREAD
+
+
+_QUIET = _NotOurRequests()
+
+
 class WebhookError(RuntimeError):
     """The webhook sink could not take an alert (its queue is full)."""
 
@@ -136,7 +150,7 @@ class WebhookSink:
                 return
             self._queue = queue.Queue(self._queue.maxsize)
             self._thread = threading.Thread(
-                target=self._deliver, args=(self._queue,), name="distill_guard-webhook", daemon=True
+                target=self._deliver, args=(self._queue,), name=THREAD, daemon=True
             )
             self._thread.start()
         atexit.register(self.close)
@@ -144,6 +158,7 @@ class WebhookSink:
     def _deliver(self, jobs: queue.Queue[tuple[dict[str, Any], Any] | None]) -> None:
         import httpx  # here, not at import: the package needs only torch until a webhook is used
 
+        logging.getLogger("httpx").addFilter(_QUIET)  # idempotent
         with httpx.Client(timeout=self.timeout_s, follow_redirects=False) as client:
             while (job := jobs.get()) is not None:
                 payload, failed = job
