@@ -122,6 +122,19 @@ def plain_loop(ctx: Context) -> None:
         assert sg.halted and ns["step"] == 5 and sg.skipped_updates == 3
         assert (ctx.cwd / "halt.pt").exists()
         assert "teacher.uniform" in _halt_event(ctx.cwd / "guard.jsonl")["message"]
+        warned = [
+            e
+            for e in _events(ctx.cwd / "guard.jsonl")
+            if e["kind"] == "finding" and e["severity"] in ("warn", "critical")
+        ]
+        assert len(warned) >= 3
+        assert sg.metrics == {
+            "guard/findings": float(len(warned)),
+            "guard/skipped_updates": 3.0,
+            "guard/repairs": 0.0,
+            "guard/halted": 1.0,
+            "guard/verdict": 2.0,
+        }
 
     ctx.check = check
 
@@ -194,6 +207,129 @@ def lightning(ctx: Context) -> None:
         assert guard.guard.halt.step == 5 and trainer.global_step == 6  # skip, skip, halt
         assert Path(guard.halt_checkpoint).exists()
         assert "teacher.uniform" in _halt_event(ctx.cwd / "guard.jsonl")["message"]
+
+    ctx.check = check
+
+
+def _dies_at_batch(teacher: torch.nn.Module, healthy: int, batch: int = 4) -> None:
+    """Zero ``teacher`` before the backbone's ``healthy + 1``-th forward of a ``batch``-row
+    batch: TRL's trainers run the backbone (GKD through the model, DistillationTrainer through
+    its hidden states), the guard's one-row canary does not count."""
+    from tests.integrations._tiny import kill
+
+    calls = 0
+
+    def pre(_mod: Any, args: Any, kwargs: dict[str, Any]) -> None:
+        nonlocal calls
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        calls += ids is not None and ids.shape[0] == batch
+        if calls == healthy + 1:
+            kill(teacher)
+
+    teacher.model.register_forward_pre_hook(pre, with_kwargs=True)
+
+
+def _trl_common(**kw: Any) -> dict[str, Any]:
+    """A CPU run's TrainingArguments, as tests/integrations/test_trl.py sets them."""
+    return dict(
+        output_dir="out",
+        per_device_train_batch_size=4,
+        learning_rate=1e-3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
+        bf16=False,  # TRL's default is bf16 autocast, on CPU too
+        gradient_checkpointing=False,
+        beta=0.5,
+        temperature=0.9,
+        **kw,
+    )
+
+
+@setup("trl")
+def trl(ctx: Context) -> None:
+    """``student``, ``teacher`` (zeroed from step 3), ``args`` (a CPU DistillationConfig) and
+    ``prompts``; the student's name leads TRL to its tokenizer, as a hub name would."""
+    from datasets import Dataset
+    from trl import DistillationConfig
+
+    from tests.integrations._tiny import chat_rows, student_of, tiny_qwen3, tiny_tokenizer
+
+    ctx.stack.enter_context(env_var("TRL_EXPERIMENTAL_SILENCE", "1"))
+    teacher = tiny_qwen3(seed=0)
+    student = student_of(teacher)
+    tiny_tokenizer().save_pretrained(ctx.cwd / "student")
+    student.config._name_or_path = str(ctx.cwd / "student")
+    _dies_at_batch(teacher, healthy=3)
+    ctx.namespace.update(
+        student=student,
+        teacher=teacher,
+        args=DistillationConfig(**_trl_common(max_steps=8, max_completion_length=7)),
+        prompts=Dataset.from_list([{"prompt": r["messages"][:1]} for r in chat_rows(32)]),
+    )
+
+    def check(ns: dict[str, Any]) -> None:
+        guard, trainer = ns["guard"], ns["trainer"]
+        assert guard.guard.halt.step == 5 and trainer.state.global_step == 6  # skip, skip, halt
+        assert (ctx.cwd / "out" / "checkpoint-6" / "distill_guard_state.pt").exists()
+        assert "teacher.uniform" in _halt_event(ctx.cwd / "guard.jsonl")["message"]
+
+    ctx.check = check
+
+
+@setup("trl-resume")
+def trl_resume(ctx: Context) -> None:
+    """The docs' halted run (a GKD student whose teacher was zeroed at step 4, halted at step 6:
+    ``out/checkpoint-7``), then ``guard`` and ``trainer`` for the run resumed on the fixed teacher."""
+    from datasets import Dataset
+    from trl.experimental.gkd import GKDConfig, GKDTrainer
+
+    from distill_guard.integrations.transformers import (
+        DistillGuardCallback,
+        GuardedDistillationMixin,
+    )
+    from tests.integrations._tiny import chat_rows, student_of, tiny_qwen3, tiny_tokenizer
+
+    ctx.stack.enter_context(env_var("TRL_EXPERIMENTAL_SILENCE", "1"))
+
+    class GuardedGKDTrainer(GuardedDistillationMixin, GKDTrainer):
+        pass
+
+    def trainer(teacher: torch.nn.Module, guard: DistillGuardCallback) -> Any:
+        args = GKDConfig(**_trl_common(max_steps=12, lmbda=1.0, max_new_tokens=7, max_length=64))
+        return GuardedGKDTrainer(
+            model=student,
+            teacher_model=teacher,
+            args=args,
+            train_dataset=Dataset.from_list(chat_rows(completion_len=6)),
+            processing_class=tiny_tokenizer(),
+            callbacks=[guard],
+        )
+
+    def callback() -> DistillGuardCallback:
+        return DistillGuardCallback("default", overrides=["alerts.use_wandb=false"])
+
+    student = student_of(tiny_qwen3(seed=0))
+    dying = tiny_qwen3(seed=0)
+    _dies_at_batch(dying, healthy=4)
+    halted = callback()
+    trainer(dying, halted).train()
+    assert halted.guard.halt.step == 6 and (ctx.cwd / "out" / "checkpoint-7").is_dir()
+    guard = callback()
+    ctx.namespace.update(torch=torch, guard=guard, trainer=trainer(tiny_qwen3(seed=0), guard))
+
+    def check(ns: dict[str, Any]) -> None:
+        trainer = ns["trainer"]
+        assert trainer.state.global_step == 12 and not guard.guard.halted
+        # the counts came back with the state, and nothing new was found after the resume
+        # (the resumed Trainer's log history starts with the halted run's steps 1-7)
+        resumed = [h for h in trainer.state.log_history if h.get("step", 0) > 7 and "loss" in h]
+        assert [h["step"] for h in resumed] == list(range(8, 13))
+        before = halted.guard.summary.metrics()["guard/findings"]
+        assert {h["guard/findings"] for h in resumed} == {before}
 
     ctx.check = check
 
@@ -336,6 +472,21 @@ def preflight(ctx: Context) -> None:
         assert codes.count("config.no_weights_backup") == 2, codes
 
     ctx.check = check
+
+
+@contextlib.contextmanager
+def env_var(name: str, value: str) -> Any:
+    import os
+
+    saved = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved
 
 
 @contextlib.contextmanager

@@ -26,7 +26,7 @@ RUN_LANGS = {
 }
 
 _FENCE = re.compile(r"^```(\w*)[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
-_MARKER = re.compile(r"<!--\s*(?:snippet:\s*)?([\w.-]+)\s*-->\s*$")
+_MARKER = re.compile(r"<!--\s*snippet:\s*([\w.-]+)\s*-->\s*$")
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ the setup checks what they did. Shell snippets run line by line, each by its com
 - ``make TARGET`` must be a target the Makefile can make (``make -n``: the targets build a venv
   and run for minutes, which is CI's own job);
 - ``python -m examples.<app> OVERRIDES`` must compose with Hydra (the demo is a 100 s job);
+- ``export NAME=VALUE`` sets the variable for the snippet's later lines;
 - ``pip install ...`` must name only extras pyproject.toml defines and the torch the Makefile
   pins (the installed metadata's extras; ``scripts/install_matrix.sh`` installs them for real);
 
@@ -29,10 +30,14 @@ from pathlib import Path
 
 import pytest
 
-from .setups import SETUPS, Context
+from .setups import SETUPS, Context, env_var
 from .snippets import ROOT, Snippet, snippets
 
 ALL = snippets()
+UNIQUE = [
+    s for i, s in enumerate(ALL) if (s.setup, s.code) not in {(t.setup, t.code) for t in ALL[:i]}
+]
+"""A snippet shown twice with the same setup (the README and its docs page) runs once."""
 BIN = Path(sys.executable).parent
 
 
@@ -44,7 +49,7 @@ def test_the_docs_have_snippets_and_every_python_snippet_names_its_setup():
     assert not unknown, f"no setup of that name in tests/docs/setups.py: {unknown}"
 
 
-@pytest.mark.parametrize("snip", ALL, ids=[s.id for s in ALL])
+@pytest.mark.parametrize("snip", UNIQUE, ids=[s.id for s in UNIQUE])
 def test_snippet_runs_as_written(snip: Snippet, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with contextlib.ExitStack() as stack:
@@ -88,6 +93,7 @@ def _run_command(words: list[str], ctx: Context) -> None:
         "make": _make,
         "python": _python_module,
         "pip": _pip_install,
+        "export": _export,
     }.get(words[0])
     assert runner is not None, f"no runner for {shlex.join(words)!r}: add one to {__file__}"
     runner(words, ctx)
@@ -162,6 +168,14 @@ def _python_module(words: list[str], ctx: Context) -> None:
     finally:
         GlobalHydra.instance().clear()
     assert cfg, shlex.join(words)
+
+
+def _export(words: list[str], ctx: Context) -> None:
+    """``export NAME=VALUE``: set for the rest of the snippet (a well-formed assignment)."""
+    for word in words[1:]:
+        name, eq, value = word.partition("=")
+        assert eq and name.isidentifier(), f"export {word!r}: not NAME=VALUE"
+        ctx.stack.enter_context(env_var(name, value))
 
 
 def _pip_install(words: list[str], ctx: Context) -> None:
