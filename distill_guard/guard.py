@@ -282,13 +282,24 @@ class DistillGuard:
             state["module_canary"] = self.module_canary.state_dict()
         return state
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any], *, keep_halt: bool = True) -> None:
+        """Take the references and counts of a saved run. ``keep_halt=False`` resumes a run that
+        halted, once its cause is fixed: everything is kept but the halt (kept, the guard would
+        halt again at its first hook); the event file records the halt being lifted."""
         by_name = {c.name: c for c in self.checks}
         for name, sub in state.get("checks", {}).items():
             if name in by_name:
                 by_name[name].load_state_dict(sub)
         self.policy.load_state_dict(state.get("policy", {}))
         self.summary.load_state_dict(state.get("summary", {}))
+        if not keep_halt and self.summary.halt is not None:
+            lifted, self.summary.halt = self.summary.halt, None
+            self.events.write("halt_lifted", step=lifted.step, halt=lifted.to_dict())
+            log.info(
+                "distill_guard: resuming after the halt at step %s (%s)",
+                lifted.step,
+                lifted.message,
+            )
         if "run" in state:
             self.run = RunSpec(**state["run"])
         if self.colocated is not None:

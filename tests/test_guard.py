@@ -334,6 +334,21 @@ def test_loaded_halt_stays_halted(make_guard):
     assert b.halted and b.on_step_metrics(1, HEALTHY).action is Action.HALT
 
 
+def test_a_halt_lifted_on_load_resumes_with_the_counts_and_says_so(make_guard, tmp_path):
+    """The resume after a fixed cause (docs/integrations.md, "Checkpoints after a halt")."""
+    a = make_guard(run=RUN, policy=Policy(halt_after_critical_steps=1), events=None)
+    a.on_step_metrics(0, COLLAPSED)
+    state = a.state_dict()
+    b = make_guard(run=RUN, events=tmp_path / "resumed.jsonl")
+    b.load_state_dict(state, keep_halt=False)
+    assert not b.halted and b.on_step_metrics(1, HEALTHY).action is Action.CONTINUE
+    assert b.summary.count == a.summary.count  # what the halted run found is kept
+    b.close()
+    (lifted,) = [e for e in read_events(tmp_path / "resumed.jsonl") if e["kind"] == "halt_lifted"]
+    assert lifted["step"] == 0 and lifted["halt"]["step"] == 0
+    assert state["summary"]["halt"] is not None, "loading must not change the caller's state"
+
+
 def test_state_dict_is_a_snapshot(make_guard):
     """A saved state must not change as the run goes on, nor tie two guards together."""
     a = make_guard(run=RUN, events=None)
