@@ -2,7 +2,8 @@
 
 One exit-code scheme for every command: 0 healthy; 1 the guard found a problem (warn or above,
 a lost teacher even if the probe repaired it, a critical configuration); 2 usage, input or
-connection error, said in one line naming what was wrong, never a traceback.
+connection error, or a missing extra, said in one line naming what was wrong, never a traceback;
+141 when the reader of the output went away (``... | head``), quietly.
 """
 
 from __future__ import annotations
