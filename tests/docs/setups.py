@@ -500,3 +500,25 @@ def _module(name: str, module: types.ModuleType) -> Any:
             sys.modules.pop(name, None)
         else:
             sys.modules[name] = saved
+
+
+# ---------------------------------------------------------------------- docs/losses.md
+
+
+@setup("fused-loss")
+def fused_loss(ctx: Context) -> None:
+    g = torch.Generator().manual_seed(0)
+    head = torch.nn.Linear(16, 512)
+    student_logits = head(torch.randn(2, 6, 16, generator=g))
+    ctx.namespace.update(
+        student_logits=student_logits,
+        teacher_logits=torch.randn(2, 6, 512, generator=g) * 2,
+        attention_mask=torch.tensor([[1] * 6, [1] * 4 + [0] * 2]),
+    )
+
+    def check(ns: dict[str, Any]) -> None:
+        m = ns["m"]
+        assert m["valid_tokens"] == 10 and 0 < m["loss"] < ns["out"].ceiling
+        assert head.weight.grad is not None and bool(head.weight.grad.abs().sum() > 0)
+
+    ctx.check = check
