@@ -263,6 +263,7 @@ TRITON_SCRIPT = textwrap.dedent(
     assert (given.cpu().double() - reference_divergence(s64, t64, 0.3, 1.0)).abs().max() < 2e-6
     t_nan = t.clone(); t_nan[2, 5] = math.nan
     assert math.isnan(float(distill_loss(s, t_nan, backend="triton").loss))
+    assert math.isnan(float(jsd_from_logits(s, t_nan, 0.3, backend="triton")[2]))  # two-pass
     none = distill_loss(s.requires_grad_(), t, mask=torch.zeros(5, device=dev), backend="triton")
     none.loss.backward()
     assert float(none.loss) == 0.0 and bool((s.grad == 0).all())
