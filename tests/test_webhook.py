@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import pickle
 import socket
 import threading
 import time
@@ -184,3 +185,19 @@ def test_a_url_that_is_not_http_is_refused_naming_the_variable(tmp_path, monkeyp
     monkeypatch.setenv(WEBHOOK_ENV, "hooks.slack.com/services/x")
     with pytest.raises(ValueError, match=rf"\${WEBHOOK_ENV} is not an http\(s\) URL"):
         guard(tmp_path)
+
+
+def test_an_alerter_with_a_webhook_survives_pickling_to_another_process(receiver):
+    """Lightning's ddp_spawn pickles the callbacks, the guard's alerter and sinks with them."""
+    a = Alerter(use_wandb=False, log_alerts=False, webhook_env=WEBHOOK_ENV)
+    a.alert("distill_guard: before", "sent from this process")  # its thread is running
+    copy = pickle.loads(pickle.dumps(a))
+    (sink,) = copy.sinks
+    assert sink._thread is None and sink.host == "127.0.0.1"
+    assert copy.alert("distill_guard: after", "sent from the copy")
+    copy.close()
+    a.close()
+    assert sorted(b["text"].splitlines()[0] for b in receiver.bodies) == [
+        "[WARN] distill_guard: after",
+        "[WARN] distill_guard: before",
+    ]

@@ -110,6 +110,16 @@ class WebhookSink:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy sent to another process (Lightning's ``ddp_spawn`` pickles its callbacks)
+        starts its own thread at its first alert; the queue, lock and thread stay here."""
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_queue", "_thread", "_lock")}
+        return state | {"_queue_size": self._queue.maxsize}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        size = state.pop("_queue_size")
+        self.__dict__.update(state, _queue=queue.Queue(size), _thread=None, _lock=threading.Lock())
+
     def send(self, title: str, text: str, level: str, failed: Any) -> bool:
         self._start()
         try:
