@@ -135,9 +135,9 @@ say "venv $S: $TORCH_SPEC, then the sdist"
 new_venv "$S"
 SDIST_RESULT="NO: install failed"
 if run "$S/bin/pip" install --quiet "$SDIST"; then
-  SDIST_RESULT="$("$S/bin/distill-guard" --version); presets: $("$S/bin/python" -c "
+  SDIST_RESULT="\`$("$S/bin/distill-guard" --version)\`; the installed presets compose: $("$S/bin/python" -c "
 from distill_guard import build_guard
-print(build_guard('strict').policy.halt_after_critical_steps)")"
+print('build_guard(\'strict\') halts after', build_guard('strict').policy.halt_after_critical_steps, 'critical steps')")"
 fi
 say "sdist: $SDIST_RESULT"
 
