@@ -38,6 +38,14 @@ class EventLog:
         self._error: str | None = None
         self._lock = threading.Lock()
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy sent to another process (Lightning's ``ddp_spawn`` pickles its callbacks)
+        opens the file anew on its first write; the descriptor and the lock stay here."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("_fd", "_lock")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _fd=None, _lock=threading.Lock())
+
     def set_rank(self, rank: int) -> None:
         """Tag events with ``rank``. Ranks above 0 write next to rank 0's file, as
         ``<stem>.rank<r><suffix>``; a file already open stays where it is."""

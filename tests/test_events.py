@@ -165,3 +165,18 @@ def test_a_halted_run_closes_with_the_halt_in_its_summary(tmp_path, quiet_alerte
     kinds = [e["kind"] for e in read_events(path)]
     assert kinds[0] == "attached" and kinds[-2:] == ["halt", "closed"]
     assert read_events(path)[-1]["summary"]["halt"]["codes"] == ["teacher.uniform"]
+
+
+def test_a_pickled_event_log_writes_to_the_same_file(tmp_path):
+    """Lightning's ddp_spawn pickles its callbacks, the guard's event log with them."""
+    import pickle
+
+    path = tmp_path / "events.jsonl"
+    log = EventLog(path)
+    log.write("first")
+    copy = pickle.loads(pickle.dumps(log))
+    copy.write("second")
+    log.write("third")
+    copy.close()
+    log.close()
+    assert [e["kind"] for e in read_events(path)] == ["first", "second", "third"]

@@ -107,7 +107,10 @@ class DistillGuardCallback(GuardedCallback, pl.Callback):
         if not self.step_guard.halted:
             self.step_guard.after_logs(step, trainer.callback_metrics, skip_if_absent=False)
         # the guard/* metrics go to the module's loggers with the step's own metrics
-        pl_module.log_dict(self.step_guard.metrics, on_step=True, on_epoch=False, logger=True)
+        # (not to a logger when there is none: Lightning would warn about it at every step)
+        pl_module.log_dict(
+            self.step_guard.metrics, on_step=True, on_epoch=False, logger=bool(trainer.loggers)
+        )
         halt = self.step_guard.halted
         if trainer.world_size > 1:  # already agreed by the reducer; the strategy makes it certain
             halt = trainer.strategy.reduce_boolean_decision(halt, all=False)
