@@ -5,18 +5,18 @@ decides, adapters translate). It collects the teacher's top-k logprobs of every 
 the guard once per optimizer step whether to take the step, and feeds the step's metrics after
 it::
 
-    sg = StepGuard("default", ["events_path=guard.jsonl"], teacher=teacher)
-    for step, batch in enumerate(loader):
-        with torch.no_grad():
-            t_logits = teacher(**batch).logits
-        sg.observe_teacher_logits(t_logits, mask=batch["attention_mask"])
-        loss = distill_loss(student(**batch).logits, t_logits)
-        loss.backward()
-        sg.optimizer_step(optimizer, step)  # skipped for a dead teacher, a NaN loss, a halt
-        sg.after_update(step, {"loss": loss.item()})
-        if sg.halted:  # guard.jsonl says why
-            torch.save(student.state_dict(), "halt.pt")
-            break
+    with StepGuard("default", ["events_path=guard.jsonl"], teacher=teacher) as sg:
+        for step, batch in enumerate(loader):
+            with torch.no_grad():
+                t_logits = teacher(**batch).logits
+            sg.observe_teacher_logits(t_logits, mask=batch["attention_mask"])
+            loss = distill_loss(student(**batch).logits, t_logits)
+            loss.backward()
+            sg.optimizer_step(optimizer, step)  # skipped for a dead teacher, a NaN loss, a halt
+            sg.after_update(step, {"loss": loss.item()})
+            if sg.halted:  # guard.jsonl says why
+                torch.save(student.state_dict(), "halt.pt")
+                break
 
 ``optimizer_step`` is ``before_update`` (may this step be applied?), then ``optimizer.step()``
 when it may, then ``optimizer.zero_grad()``; call ``before_update`` yourself where the step is
@@ -435,6 +435,19 @@ class StepGuard:
     @property
     def halt_reason(self) -> str | None:
         return self.guard.halt.message if self.guard.halt else None
+
+    def close(self) -> None:
+        """End of training: remove the teacher hooks, deliver pending alerts, write the event
+        file's ``closed`` record. ``with StepGuard(...) as sg:`` does it on leaving the block,
+        also when the loop raises."""
+        self.unwatch()
+        self.guard.close()
+
+    def __enter__(self) -> StepGuard:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 RENAMED_ARGUMENTS = {"guard_overrides": "overrides"}

@@ -128,6 +128,8 @@ def plain_loop(ctx: Context) -> None:
             if e["kind"] == "finding" and e["severity"] in ("warn", "critical")
         ]
         assert len(warned) >= 3
+        kinds = [e["kind"] for e in _events(ctx.cwd / "guard.jsonl")]
+        assert kinds[0] == "attached" and kinds[-1] == "closed"  # the with block closed it
         assert sg.metrics == {
             "guard/findings": float(len(warned)),
             "guard/skipped_updates": 3.0,
