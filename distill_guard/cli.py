@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
 EXIT_PIPE = 141
 """The reader of our stdout went away (``... | head``): 128 + SIGPIPE, as a shell reports it."""
-SGLANG_LAUNCHERS = ("python -m sglang.launch_server ...", "sglang serve ...")
+SGLANG_MODULES = ("sglang.launch_server", "sglang_router.launch_server")
+SGLANG_LAUNCHERS = (*(f"python -m {m} ..." for m in SGLANG_MODULES), "sglang serve ...")
 RELAX_FLAGS = "--use-opd, --teacher-hf-checkpoint, --opd-teacher-url, --teacher-sglang-*"
 
 
@@ -348,13 +349,13 @@ def _check_launcher(command: str, launcher: str) -> None:
     if launcher != "sglang":
         return
     words = command.split()
-    if any(w.endswith("sglang.launch_server") for w in words) or any(
+    if any(w in SGLANG_MODULES for w in words) or any(
         Path(a).name == "sglang" and b == "serve" for a, b in zip(words, words[1:])
     ):
         return
     raise UsageError(
         f"--args: not a launch command preflight recognises (looked for "
-        f"{' or '.join(SGLANG_LAUNCHERS)}, or a Relax training command with {RELAX_FLAGS}); "
+        f"{', '.join(SGLANG_LAUNCHERS)}, or a Relax training command with {RELAX_FLAGS}); "
         f"got {command[:80]!r}"
     )
 

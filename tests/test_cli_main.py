@@ -99,7 +99,8 @@ def test_preflight_refuses_a_launcher_it_does_not_know(command, capsys) -> None:
 @pytest.mark.parametrize(
     "command",
     ["python -m sglang.launch_server --model-path M --enable-memory-saver",
-     "/opt/venv/bin/sglang serve --model-path M --enable-memory-saver"],
+     "/opt/venv/bin/sglang serve --model-path M --enable-memory-saver",
+     "python3 -m sglang_router.launch_server --model-path M --dp-size 2 --enable-memory-saver"],
 )  # fmt: skip
 def test_preflight_knows_both_sglang_launchers(command, capsys) -> None:
     assert main(["preflight", "--args", command]) == 1  # memory saver without weights backup
