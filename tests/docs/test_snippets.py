@@ -10,8 +10,9 @@ the setup checks what they did. Shell snippets run line by line, each by its com
   and run for minutes, which is CI's own job);
 - ``python -m examples.<app> OVERRIDES`` must compose with Hydra (the demo is a 100 s job);
 - ``export NAME=VALUE`` sets the variable for the snippet's later lines;
-- ``pip install ...`` must name only extras pyproject.toml defines and the torch the Makefile
-  pins (the installed metadata's extras; ``scripts/install_matrix.sh`` installs them for real);
+- ``pip install ...`` must install this package (``.`` is the checkout) with extras it defines
+  (the installed metadata's), or the torch the Makefile pins (``scripts/install_matrix.sh``
+  installs them for real);
 
 and any other command fails the test until it is given a runner here.
 """
@@ -189,6 +190,9 @@ def _pip_install(words: list[str], ctx: Context) -> None:
     for word in words[2:]:
         if word.startswith("-") or word.startswith("http"):
             continue
+        if word == "." or word.startswith(".["):  # this checkout
+            assert (ROOT / "pyproject.toml").exists()
+            word = "distill_guard" + word[1:]
         req = Requirement(word)
         if req.name.replace("-", "_") == "distill_guard":
             assert req.extras <= extras, f"{word}: no such extra (pyproject has {sorted(extras)})"
