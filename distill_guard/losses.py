@@ -72,6 +72,19 @@ class DistillLoss:
     temperature: float
     scale: float
     """The factor on :attr:`loss` (τ² or 1): the guard's ``run.loss_scale``."""
+    vocab_size: int
+    """V, the logits' width: what a uniform :attr:`teacher_top1_logprob` (−ln V) is judged by."""
+
+    @property
+    def sample_index(self) -> torch.Tensor | None:
+        """Each position's sample (its index along the logits' leading dim), for the guard's
+        per-sample checks; None for ``[N, V]`` logits, whose rows are positions of no known
+        sample."""
+        lead = self.valid.shape
+        if len(lead) < 2:
+            return None
+        index = torch.arange(lead[0], device=self.valid.device)
+        return index.reshape(-1, *([1] * (len(lead) - 1))).expand(lead)
 
     @property
     def ceiling(self) -> float | None:
@@ -177,6 +190,7 @@ def distill_loss(
         beta=float(beta),
         temperature=float(temperature),
         scale=scale,
+        vocab_size=v,
     )
 
 

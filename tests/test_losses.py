@@ -117,6 +117,16 @@ def test_uniform_teacher_is_read_off_the_loss_signals():
     assert out.ceiling == pytest.approx(math.log(2))
     # near the ceiling H(β) = ln 2, below it by O(1/V): the failed run's step-0 loss
     assert math.log(2) - 1e-2 < float(out.loss) < math.log(2)  # 0.689 at V = 1000
+    assert out.vocab_size == v
+
+
+def test_sample_index_is_the_leading_dim_and_none_for_rows():
+    s = torch.randn(3, 2, 4, 10)
+    out = distill_loss(s, s.flip(-1))
+    assert out.sample_index.shape == (3, 2, 4)
+    assert out.sample_index[:, 1, 3].tolist() == [0, 1, 2]
+    assert bool((out.sample_index == torch.arange(3)[:, None, None]).all())
+    assert distill_loss(s[0, 0], s[0, 0].flip(-1)).sample_index is None
 
 
 def test_temperature_squared_scale_and_kinds():

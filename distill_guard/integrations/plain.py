@@ -39,6 +39,7 @@ import torch
 
 from distill_guard.config import GuardSpec, build_guard
 from distill_guard.guard import DistillGuard
+from distill_guard.losses import DistillLoss
 from distill_guard.metric_names import as_float, pick_metrics
 from distill_guard.observations import Metric
 from distill_guard.policy import Action, Decision
@@ -79,6 +80,15 @@ def _joined(parts: list[torch.Tensor], rows: int) -> torch.Tensor | None:
         return None
     joined = torch.cat(parts)
     return joined if joined.shape[0] == rows else None
+
+
+def _mean_entropy(parts: list[torch.Tensor]) -> float | None:
+    """The student's entropy over the step's valid positions (``[sum, count]`` per micro-batch),
+    in one host transfer; None when no position was valid."""
+    if not parts:
+        return None
+    total, count = torch.stack(parts).sum(dim=0).tolist()
+    return total / count if count else None
 
 
 def _worst(*decisions: Decision) -> Decision:
@@ -144,6 +154,9 @@ class StepGuard:
         self._token_ids: list[torch.Tensor] = []
         self._samples: list[torch.Tensor] = []
         self._losses: list[torch.Tensor] = []
+        self._entropy: list[torch.Tensor] = []
+        self._step_entropy: float | None = None
+        self._told: set[str] = set()
         self._handles: list[Any] = []
 
     # ------------------------------------------------------------------ observe (micro-batches)
@@ -233,16 +246,86 @@ class StepGuard:
         )
         self._losses.append(t)
 
-    def watch(self, module: torch.nn.Module, *, canary: bool = True) -> Any:
+    def observe_distill_loss(self, out: DistillLoss) -> None:
+        """Record one micro-batch from :func:`~distill_guard.losses.distill_loss`'s output alone,
+        in place of :meth:`observe_teacher_logits` and :meth:`observe_loss`: the loss already
+        read the logits, so the guard's teacher and student signals cost no second pass.
+
+        The guard gets the teacher's top-1 logprob of each valid position (as a ``[n, 1]`` top-k:
+        all the uniform and near-uniform teacher checks need), each position's sample (the
+        logits' leading dim), the raw loss (as :meth:`observe_loss`), and the student's mean
+        entropy, which :meth:`after_update` / :meth:`after_logs` report as ``student_entropy``
+        when the step's metrics lack it. When unset, ``run.vocab_size`` is learnt from the
+        logits' width; the run's loss kind, β and scale are taken from ``out``.
+
+        Not from these signals: the pairing checks (a tokenizer mismatch, logprobs shifted by
+        one position) need the teacher's top-k ids and the sampled tokens, which only
+        ``observe_teacher_logits(logits, labels=...)`` gives. The signals are at the loss's
+        temperature: at τ > 1 a healthy teacher looks flatter than at its own.
+        """
+        if not isinstance(out, DistillLoss):
+            raise TypeError(
+                f"observe_distill_loss takes distill_loss(...)'s DistillLoss, got {type(out).__name__}"
+            )
+        self._learn_run(out)
+        self.observe_loss(out.loss)
+        valid = out.valid.reshape(-1)
+        entropy = torch.where(valid, out.student_entropy.reshape(-1).double(), 0.0).sum()
+        self._entropy.append(torch.stack([entropy, valid.sum().double()]))
+        if self._topk and self._topk[0].shape[-1] != 1:
+            # the teacher's logits were already reduced this step (a watch hook, or the caller)
+            self._tell_once(
+                "twice",
+                "distill_guard: this step's teacher logits were reduced to top-%d logprobs "
+                "besides distill_loss's signals; those are judged, the fused ones not. Use "
+                "watch(teacher, logits=False) (the TRL mixin's distill_guard_fused_loss, "
+                "Lightning's DistillGuardCallback(fused_loss=True)) to read the logits once",
+                self._topk[0].shape[-1],
+            )
+            return
+        self.observe_teacher_logprobs(
+            topk_logprobs=out.teacher_top1_logprob.unsqueeze(-1),
+            mask=out.valid,
+            sample_index=out.sample_index,
+        )
+
+    def _learn_run(self, out: DistillLoss) -> None:
+        """The run's facts as ``out`` states them: V when unset, and the loss the caller takes."""
+        run = self.guard.run
+        facts = {"loss": out.kind, "beta": out.beta, "loss_scale": out.scale}
+        if self.learn_vocab_size and run.vocab_size is None:
+            facts["vocab_size"] = out.vocab_size
+        changed = {k: v for k, v in facts.items() if getattr(run, k) != v}
+        if not changed:
+            return
+        said = {k: getattr(run, k) for k in changed if k != "vocab_size"}
+        if said:
+            log.info(
+                "distill_guard: the guard's run said %s, the loss handed to observe_distill_loss "
+                "is %s; the guard judges by the loss's",
+                said,
+                {k: changed[k] for k in said},
+            )
+        self.guard.run = dataclasses.replace(run, **changed)
+
+    def _tell_once(self, key: str, message: str, *args: Any) -> None:
+        if key not in self._told:
+            self._told.add(key)
+            log.info(message, *args)
+
+    def watch(self, module: torch.nn.Module, *, canary: bool = True, logits: bool = True) -> Any:
         """Observe every forward of ``module`` (the teacher) while :attr:`collecting`, and (with
         ``canary``) check the module itself on the guard's canary before each update: a teacher
         whose weights turned to noise scores like any teacher, only the canary tells.
 
         The mask is the forward's ``attention_mask`` keyword when given. Returns the hook handle;
-        :meth:`unwatch` removes all of them.
+        :meth:`unwatch` removes all of them. ``logits=False``: no hook, only the canary (the
+        loop hands :meth:`observe_distill_loss` what the loss read of the logits); returns None.
         """
         if canary and self.guard.module_canary is None:
             self.guard.watch_module_teacher(module)
+        if not logits:
+            return None
         module_vocab = vocab_width(module)
         told: set[int] = set()
 
@@ -331,7 +414,8 @@ class StepGuard:
         topk, ids, samples = (_joined(x, topk_rows) for x in (self._topk, self._ids, self._samples))
         token, token_ids = (_joined(x, token_rows) for x in (self._token, self._token_ids))
         losses = torch.stack(self._losses) if self._losses else None
-        self._topk, self._token, self._losses = [], [], []
+        self._step_entropy = _mean_entropy(self._entropy)
+        self._topk, self._token, self._losses, self._entropy = [], [], [], []
         self._ids, self._token_ids, self._samples = [], [], []
         decision = self.guard.on_teacher_scores(
             step,
@@ -373,9 +457,21 @@ class StepGuard:
     def after_update(self, step: int, metrics: Mapping[str, float | None]) -> Decision:
         """Feed the step's metrics (keyed by :class:`~distill_guard.observations.Metric` roles).
 
-        The loss is left out when it was already judged raw in :meth:`before_update`.
+        The loss is left out when it was already judged raw in :meth:`before_update`; the
+        student's entropy from :meth:`observe_distill_loss` is added when ``metrics`` lack it.
         """
+        return self._judge_metrics(step, metrics, self._take_entropy())
+
+    def _take_entropy(self) -> float | None:
+        entropy, self._step_entropy = self._step_entropy, None
+        return entropy
+
+    def _judge_metrics(
+        self, step: int, metrics: Mapping[str, float | None], entropy: float | None
+    ) -> Decision:
         values = {k: as_float(v) for k, v in metrics.items() if v is not None}
+        if entropy is not None:
+            values.setdefault(Metric.STUDENT_ENTROPY, entropy)
         if self.loss_before_update:
             values.pop(Metric.LOSS, None)
         decision = self.guard.on_step_metrics(step, values)
@@ -398,9 +494,14 @@ class StepGuard:
         if roles is not None:
             names = {role: names[role] for role in roles if role in names}
         metrics = pick_metrics(logs, names)
-        if not metrics and skip_if_absent:
+        wants_entropy = roles is None or Metric.STUDENT_ENTROPY in roles
+        if (
+            not metrics
+            and skip_if_absent
+            and not (wants_entropy and self._step_entropy is not None)
+        ):
             return None
-        return self.after_update(step, metrics)
+        return self._judge_metrics(step, metrics, self._take_entropy() if wants_entropy else None)
 
     # ------------------------------------------------------------------ colocated teachers
 
@@ -518,3 +619,9 @@ class GuardedCallback:
     def observe_loss(self, loss: torch.Tensor | float) -> None:
         """Hand the raw micro-batch loss to the guard (it sees a NaN a log filter would hide)."""
         self.step_guard.observe_loss(loss)
+
+    def observe_distill_loss(self, out: DistillLoss) -> None:
+        """Hand this micro-batch's :func:`~distill_guard.losses.distill_loss` output to the
+        guard: teacher scores, raw loss and student entropy from the loss's own pass
+        (:meth:`StepGuard.observe_distill_loss`)."""
+        self.step_guard.observe_distill_loss(out)

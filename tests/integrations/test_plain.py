@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -268,3 +269,138 @@ def test_an_ema_teacher_at_its_configured_rate_stays_clean():
     sg, losses = ema_run(rate=0.05)
     assert sg.guard.summary.count == {} and sg.skipped_updates == 0
     assert min(losses) > 0.05
+
+
+# ---------------------------------------------------------------------- the fused loss
+
+
+def fused_run(tmp_path, monkeypatch, poison=None, at=6, steps=12):
+    """The fused-loss loop of docs/losses.md (``distill_loss`` as the loss, its output handed to
+    ``observe_distill_loss``), with the logits reducer made to fail: the guard reads nothing of
+    the logits but what the loss returned."""
+    from distill_guard.integrations import plain
+    from distill_guard.losses import distill_loss
+
+    def second_pass(*args, **kwargs):
+        raise AssertionError("the guard read the teacher's logits a second time")
+
+    monkeypatch.setattr(plain, "teacher_logprobs_from_logits", second_pass)
+    teacher = tiny_qwen3()
+    student = student_of(teacher)
+    rows = token_rows(4 * steps)
+    batches = [
+        {k: torch.tensor([r[k] for r in rows[i : i + 4]]) for k in rows[0]}
+        for i in range(0, 4 * steps, 4)
+    ]
+    ledger = UpdateLedger(student, teacher, at=at if poison else None, poison=poison)
+    seen = []
+    with StepGuard("default", [f"events_path={tmp_path / 'guard.jsonl'}"], teacher=teacher) as sg:
+        judge = sg.guard.on_step_metrics
+        sg.guard.on_step_metrics = lambda step, m, **kw: (
+            seen.append(dict(m)) or judge(step, m, **kw)
+        )
+        optimizer = torch.optim.AdamW(student.parameters(), lr=1e-3)
+        for step, batch in enumerate(batches):
+            ledger.begin(step)
+            with torch.no_grad():
+                t_logits = teacher(**batch).logits
+            out = distill_loss(student(**batch).logits, t_logits, mask=batch["attention_mask"])
+            sg.observe_distill_loss(out)
+            out.loss.backward()
+            applied = sg.optimizer_step(optimizer, step)
+            ledger.end(not applied)
+            sg.after_update(step, {})
+            if sg.halted:
+                break
+    return sg, ledger, seen
+
+
+def test_fused_loss_zeroed_teacher_mid_run_trains_nothing(tmp_path, monkeypatch):
+    sg, ledger, _ = fused_run(tmp_path, monkeypatch, poison=kill)
+    assert ledger.poisoned == []
+    assert all(ledger.changed[s] for s in range(6))
+    assert sg.halted and sg.guard.halt.step == 8  # skip, skip, halt
+    assert sg.guard.summary.first["teacher.uniform"] == 6
+    assert min(sg.guard.summary.first.values()) == 6
+
+
+def test_fused_loss_healthy_run_is_silent_and_reports_the_students_entropy(tmp_path, monkeypatch):
+    sg, ledger, seen = fused_run(tmp_path, monkeypatch)
+    assert sg.guard.summary.count == {} and not sg.halted
+    assert all(ledger.changed.values()) and len(ledger.changed) == 12
+    assert sg.guard.run.vocab_size == VOCAB
+    before = [m for m in seen if Metric.STUDENT_ENTROPY not in m]
+    after = [m for m in seen if Metric.STUDENT_ENTROPY in m]
+    assert len(before) == len(after) == 12  # the raw loss before each update, entropy after
+    assert all(0.0 < m[Metric.LOSS] < 0.3 * math.log(2) for m in before)
+    assert all(0.0 < m[Metric.STUDENT_ENTROPY] < math.log(VOCAB) for m in after)
+
+
+def test_observe_distill_loss_hands_top1_samples_loss_and_entropy():
+    from distill_guard.losses import distill_loss
+
+    g = torch.Generator().manual_seed(0)
+    student, teacher = torch.randn(3, 5, 40, generator=g), torch.randn(3, 5, 40, generator=g) * 3
+    mask = torch.ones(3, 5)
+    mask[1, 3:] = 0
+    out = distill_loss(student, teacher, beta=0.3, mask=mask)
+    sg = StepGuard("default", ["alerts.use_wandb=false"])
+    sg.observe_distill_loss(out)
+    (top1,), (samples,) = sg._topk, sg._samples
+    lp = torch.log_softmax(teacher, -1).amax(-1)[mask.bool()]
+    assert top1.shape == (13, 1) and torch.allclose(top1[:, 0], lp, atol=1e-5)
+    assert samples.tolist() == [0] * 5 + [1] * 3 + [2] * 5
+    assert (sg.guard.run.vocab_size, sg.guard.run.beta) == (40, 0.3)
+    assert sg.before_update(0) is True
+    h = -(torch.softmax(student, -1) * torch.log_softmax(student, -1)).sum(-1)[mask.bool()]
+    seen = []
+    judge = sg.guard.on_step_metrics
+    sg.guard.on_step_metrics = lambda step, m, **kw: seen.append(dict(m)) or judge(step, m, **kw)
+    sg.after_update(0, {})
+    assert seen[-1][Metric.STUDENT_ENTROPY] == pytest.approx(float(h.mean()), rel=1e-5)
+    sg.observe_distill_loss(out)
+    sg.before_update(1)
+    sg.after_update(1, {Metric.STUDENT_ENTROPY: 0.5})  # the caller's own value wins
+    assert seen[-1][Metric.STUDENT_ENTROPY] == 0.5
+    sg.after_update(2, {})  # nothing observed for this step: nothing added
+    assert Metric.STUDENT_ENTROPY not in seen[-1]
+    with pytest.raises(TypeError, match="DistillLoss"):
+        sg.observe_distill_loss(out.loss)
+
+
+@pytest.mark.parametrize("teacher_kind", ["uniform", "near_uniform", "peaked"])
+def test_top1_alone_tells_a_uniform_teacher_from_a_peaked_one(teacher_kind):
+    """k = 1 is enough for the collapse check: a top-1 at −ln V is a uniform row, a median top-1
+    at or below −½ ln V a near-uniform teacher; a peaked teacher is silent."""
+    from distill_guard.losses import distill_loss
+
+    g = torch.Generator().manual_seed(0)
+    scale = {"uniform": 0.0, "near_uniform": 0.05, "peaked": 6.0}[teacher_kind]
+    teacher = torch.randn(4, 8, 512, generator=g) * scale
+    out = distill_loss(torch.randn(4, 8, 512, generator=g), teacher)
+    sg = StepGuard("default", ["alerts.use_wandb=false"])
+    sg.observe_distill_loss(out)
+    applied = sg.before_update(0)
+    codes = set(sg.guard.summary.count)
+    expected = {
+        "uniform": {"teacher.uniform"},
+        "near_uniform": {"teacher.near_uniform"},
+        "peaked": set(),
+    }[teacher_kind]
+    assert codes == expected and applied is (teacher_kind == "peaked")
+
+
+def test_fused_signals_after_a_logits_reduction_are_not_mixed_in(caplog):
+    """A watch hook that already reduced the step's teacher logits to top-16: the fused top-1
+    is not appended (the widths would not stack), said once at INFO; the loss still counts."""
+    from distill_guard.losses import distill_loss
+
+    caplog.set_level("INFO", logger="distill_guard")
+    logits = torch.randn(2, 6, 64)
+    sg = StepGuard("default", ["alerts.use_wandb=false"])
+    for _ in range(2):
+        sg.observe_teacher_logits(logits)
+        sg.observe_distill_loss(distill_loss(logits + 0.1, logits))
+    assert [t.shape[-1] for t in sg._topk] == [16, 16] and len(sg._losses) == 2
+    told = [r for r in caplog.records if "read the logits once" in r.getMessage()]
+    assert len(told) == 1 and told[0].levelname == "INFO"
