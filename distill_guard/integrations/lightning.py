@@ -10,6 +10,11 @@
   ``trainer.should_stop``. The decision is already the same on every rank: the guard's reducer
   (:mod:`distill_guard.consensus`, attached in ``setup``) agreed on it.
 
+With :func:`~distill_guard.losses.distill_loss` as the loss, ``training_step`` hands its output
+to the callback (``find_guard_callback(self.trainer).observe_distill_loss(out)``) and the callback
+is built with ``fused_loss=True``: the teacher then gets only the canary, no hook reading its
+logits a second time.
+
 Limits: manual optimisation never calls ``on_before_optimizer_step`` (call
 :meth:`StepGuard.before_update <distill_guard.integrations.plain.StepGuard.before_update>` in your
 ``training_step``); Lightning keeps training past ``should_stop`` until ``min_steps``/``min_epochs``
@@ -49,6 +54,9 @@ class DistillGuardCallback(GuardedCallback, pl.Callback):
         teacher_attr: attribute of the LightningModule holding the teacher ``nn.Module``; its
             forwards during training steps are observed. None: hand logits over yourself.
         dirpath: where the halt checkpoint goes; ``<default_root_dir>/checkpoints`` if None.
+        fused_loss: ``training_step`` hands :func:`~distill_guard.losses.distill_loss`'s output
+            to :meth:`observe_distill_loss`; the teacher is then checked on the canary only, its
+            forwards' logits are not reduced again.
     """
 
     default_metric_names = LIGHTNING_METRIC_NAMES
@@ -59,10 +67,12 @@ class DistillGuardCallback(GuardedCallback, pl.Callback):
         *,
         teacher_attr: str | None = "teacher",
         dirpath: str | os.PathLike[str] | None = None,
+        fused_loss: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(guard, **kwargs)
         self.teacher_attr = teacher_attr
+        self.fused_loss = fused_loss
         self.dirpath = dirpath
         self.halt_checkpoint: str | None = None
         """Path of the checkpoint saved on halt."""
@@ -76,7 +86,7 @@ class DistillGuardCallback(GuardedCallback, pl.Callback):
         if stage == "fit" and self.teacher_attr and not self.step_guard.watching:
             teacher = getattr(pl_module, self.teacher_attr, None)
             if isinstance(teacher, torch.nn.Module):
-                self.step_guard.watch(teacher)
+                self.step_guard.watch(teacher, logits=not self.fused_loss)
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
@@ -152,3 +162,12 @@ class DistillGuardCallback(GuardedCallback, pl.Callback):
             f" after saving {self.halt_checkpoint}" if self.halt_checkpoint else "",
             reason,
         )
+
+
+def find_guard_callback(trainer: pl.Trainer) -> DistillGuardCallback | None:
+    """The trainer's :class:`DistillGuardCallback`, if it has one (in ``training_step``:
+    ``find_guard_callback(self.trainer)``)."""
+    for cb in trainer.callbacks:
+        if isinstance(cb, DistillGuardCallback):
+            return cb
+    return None

@@ -39,6 +39,7 @@ with needed("the transformers/TRL callback (distill_guard.integrations.transform
 from distill_guard.config import GuardSpec  # noqa: E402
 from distill_guard.consensus import attach
 from distill_guard.integrations.plain import GuardedCallback
+from distill_guard.losses import distill_loss
 from distill_guard.metric_names import HF_METRIC_NAMES
 
 log = logging.getLogger("distill_guard")
@@ -71,9 +72,10 @@ class DistillGuardCallback(GuardedCallback, TrainerCallback):
         ``report_to`` integrations see the ``guard/*`` metrics."""
         self._stopping = False
 
-    def watch_teacher(self, teacher: torch.nn.Module) -> Any:
-        """Observe every training-step forward of ``teacher`` through a forward hook."""
-        return self.step_guard.watch(teacher)
+    def watch_teacher(self, teacher: torch.nn.Module, *, logits: bool = True) -> Any:
+        """Observe every training-step forward of ``teacher`` through a forward hook (with
+        ``logits=False`` only its canary: the loss hands over what it read of the logits)."""
+        return self.step_guard.watch(teacher, logits=logits)
 
     # ------------------------------------------------------------------ Trainer events
 
@@ -224,10 +226,13 @@ def guard_trainer(
     return cb
 
 
-def watch_trainer_teacher(trainer: Any, cb: DistillGuardCallback, teacher: torch.nn.Module) -> None:
+def watch_trainer_teacher(
+    trainer: Any, cb: DistillGuardCallback, teacher: torch.nn.Module, *, logits: bool = True
+) -> None:
     """Watch the trainer's teacher where its distribution is formed: a forward hook on the
-    teacher (GKDTrainer: ``teacher_model(...).logits``), or, for a trainer that projects the
-    teacher's hidden states itself (TRL's ``DistillationTrainer``), a tap on its
+    teacher (GKDTrainer: ``teacher_model(...).logits``; only the canary with ``logits=False``,
+    when the fused loss hands its signals over), or, for a trainer that projects the teacher's
+    hidden states itself (TRL's ``DistillationTrainer``), a tap on its
     ``_get_last_hidden_state`` (:func:`_tap_hidden_states`) plus the canary on the module."""
     if callable(getattr(trainer, "_get_last_hidden_state", None)) and callable(
         getattr(teacher, "get_output_embeddings", None)
@@ -236,7 +241,7 @@ def watch_trainer_teacher(trainer: Any, cb: DistillGuardCallback, teacher: torch
             cb.guard.watch_module_teacher(teacher)
         _tap_hidden_states(trainer, cb)
     elif not cb.step_guard.watching:
-        cb.watch_teacher(teacher)
+        cb.watch_teacher(teacher, logits=logits)
 
 
 def _tap_hidden_states(trainer: Any, cb: DistillGuardCallback) -> None:
@@ -319,9 +324,19 @@ class GuardedDistillationMixin:
     ``compute_loss`` it watches ``self.<distill_guard_teacher_attr>`` (``teacher_model``, as in
     TRL) with :func:`watch_trainer_teacher`; every raw training loss then goes to the guard too.
     Both are judged in ``on_pre_optimizer_step``.
+
+    With ``distill_guard_fused_loss = True`` on a GKDTrainer subclass, its
+    ``generalized_jsd_loss`` is :func:`~distill_guard.losses.distill_loss` (same β convention,
+    temperature, ``labels != -100`` mask and reduction; the ``[N, V]`` float32 copies are never
+    made), whose signals go to the guard (:meth:`StepGuard.observe_distill_loss
+    <distill_guard.integrations.plain.StepGuard.observe_distill_loss>`); the teacher then gets
+    only the canary, no forward hook reading its logits again.
     """
 
     distill_guard_teacher_attr: str = "teacher_model"
+    distill_guard_fused_loss: bool = False
+    """Compute GKDTrainer's ``generalized_jsd_loss`` with the fused loss and hand its signals
+    over (reductions ``batchmean`` and ``sum``; any other goes to TRL's own)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[call-arg]
@@ -332,11 +347,62 @@ class GuardedDistillationMixin:
 
     def compute_loss(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
         cb = self._distill_guard_callback()
+        observing = (
+            cb is not None and getattr(model, "training", False) and cb.step_guard.collecting
+        )
+        # the fused generalized_jsd_loss hands its output to this callback and clears it
+        self._distill_guard_sink = cb if observing else None
         outputs = super().compute_loss(model, inputs, *args, **kwargs)  # type: ignore[misc]
-        if cb is not None and getattr(model, "training", False) and cb.step_guard.collecting:
+        if observing and self._distill_guard_sink is not None:
             return_outputs = kwargs.get("return_outputs", args[0] if args else False)
             cb.observe_loss(outputs[0] if return_outputs else outputs)
+        self._distill_guard_sink = None
         return outputs
+
+    def generalized_jsd_loss(
+        self,
+        student_logits: torch.Tensor,
+        teacher_logits: torch.Tensor,
+        labels: torch.Tensor | None = None,
+        beta: float = 0.5,
+        temperature: float = 1.0,
+        reduction: str = "batchmean",
+        num_items_in_batch: Any = None,
+    ) -> torch.Tensor:
+        """GKDTrainer's loss (trl 1.16 ``trl/experimental/gkd/gkd_trainer.py``), fused when
+        ``distill_guard_fused_loss``: the per-token divergence summed over ``labels != -100``,
+        divided by ``num_items_in_batch`` when given, else (``batchmean``) by the valid tokens
+        (``clamp_min(1)``), or by the batch size without labels; ``sum`` is the sum."""
+        own = super().generalized_jsd_loss  # type: ignore[misc]
+        if not self.distill_guard_fused_loss or reduction not in ("batchmean", "sum"):
+            return own(
+                student_logits,
+                teacher_logits,
+                labels=labels,
+                beta=beta,
+                temperature=temperature,
+                reduction=reduction,
+                num_items_in_batch=num_items_in_batch,
+            )
+        out = distill_loss(
+            student_logits, teacher_logits, beta=beta, temperature=temperature, labels=labels
+        )
+        sink, self._distill_guard_sink = getattr(self, "_distill_guard_sink", None), None
+        if sink is not None:
+            try:
+                sink.observe_distill_loss(out)
+            except Exception:  # noqa: BLE001 - the guard must not break the trainer's loss
+                log.exception("distill_guard: could not observe the fused loss")
+        total = out.per_token.sum()
+        if num_items_in_batch is not None:
+            if isinstance(num_items_in_batch, torch.Tensor):
+                num_items_in_batch = num_items_in_batch.to(total.device)
+            return total / num_items_in_batch
+        if reduction == "sum":
+            return total
+        if labels is None:
+            return total / max(student_logits.shape[0], 1)
+        return total / out.valid.sum().clamp_min(1)
 
     def _distill_guard_callback(self) -> DistillGuardCallback | None:
         if not hasattr(self, "_distill_guard_cb"):
@@ -348,7 +414,21 @@ class GuardedDistillationMixin:
                 )
             else:
                 teacher = getattr(self, self.distill_guard_teacher_attr, None)
+                fused = self.distill_guard_fused_loss and self._distill_guard_fusable()
                 if isinstance(teacher, torch.nn.Module):
-                    watch_trainer_teacher(self, cb, teacher)
+                    watch_trainer_teacher(self, cb, teacher, logits=not fused)
             self._distill_guard_cb = cb
         return self._distill_guard_cb
+
+    def _distill_guard_fusable(self) -> bool:
+        """Whether the trainer's loss goes through ``generalized_jsd_loss`` (GKDTrainer's does;
+        TRL's DistillationTrainer projects the teacher's hidden states in chunks in its own loss
+        and never forms full logits, so it stays on the hidden-state tap)."""
+        if callable(getattr(super(), "generalized_jsd_loss", None)):
+            return True
+        log.info(
+            "distill_guard: %s sets distill_guard_fused_loss but has no generalized_jsd_loss to "
+            "replace; its teacher is watched as without it",
+            type(self).__name__,
+        )
+        return False

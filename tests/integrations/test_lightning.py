@@ -11,7 +11,11 @@ import torch
 
 pl = pytest.importorskip("lightning.pytorch")
 
-from distill_guard.integrations.lightning import DistillGuardCallback  # noqa: E402
+from distill_guard.integrations.lightning import (  # noqa: E402
+    DistillGuardCallback,
+    find_guard_callback,
+)
+from distill_guard.losses import distill_loss  # noqa: E402
 
 from ._tiny import (  # noqa: E402
     VOCAB,
@@ -54,6 +58,20 @@ class Distill(pl.LightningModule):
         return torch.utils.data.DataLoader(data, batch_size=4)
 
 
+class FusedDistill(Distill):
+    """The fused-loss ``training_step`` of docs/integrations.md: ``distill_loss`` is the loss,
+    its output goes to the guard's callback."""
+
+    def training_step(self, batch, batch_idx):
+        ids, mask = batch["input_ids"], batch["attention_mask"]
+        with torch.no_grad():
+            t = self.teacher(input_ids=ids, attention_mask=mask).logits
+        out = distill_loss(self.student(input_ids=ids, attention_mask=mask).logits, t, mask=mask)
+        find_guard_callback(self.trainer).observe_distill_loss(out)
+        self.log("train/loss", out.loss, on_step=True, prog_bar=False)
+        return out.loss
+
+
 class Killer(pl.Callback):
     def __init__(self, at, poison=kill):
         self.at, self.before, self.poison = at, None, poison
@@ -64,9 +82,9 @@ class Killer(pl.Callback):
             self.poison(pl_module.teacher)
 
 
-def fit(tmp_path, *, collapse_at=None, overrides=(), poison=kill, logger=False):
+def fit(tmp_path, *, collapse_at=None, overrides=(), poison=kill, logger=False, fused=False):
     teacher = tiny_qwen3(seed=0)
-    module = Distill(teacher, student_of(teacher))
+    module = (FusedDistill if fused else Distill)(teacher, student_of(teacher))
     start = params(module.student)
     ev = tmp_path / "events.jsonl"
     cb = DistillGuardCallback(
@@ -77,6 +95,7 @@ def fit(tmp_path, *, collapse_at=None, overrides=(), poison=kill, logger=False):
             "alerts.use_wandb=false",
             *overrides,
         ],
+        fused_loss=fused,
     )
     killer = Killer(collapse_at, poison)
     trainer = pl.Trainer(
@@ -226,3 +245,31 @@ def test_guard_metrics_reach_the_loggers(tmp_path):
     assert float(rows[COLLAPSE_AT - 1]["guard/findings"]) == 0.0
     assert float(rows[-1]["guard/findings"]) >= 3.0
     assert len(rows) == halt_step + 1 and cb.step_guard.skipped_updates == 3
+
+
+def test_fused_loss_zeroed_teacher_mid_run_takes_no_update(tmp_path, monkeypatch):
+    """``training_step`` hands distill_loss's output to the callback (``fused_loss=True``): the
+    zeroed teacher is caught from those signals alone (the logits reducer fails if called), no
+    update is taken on it, and the default policy halts."""
+    from distill_guard.integrations import plain
+
+    def second_pass(*args, **kwargs):
+        raise AssertionError("the guard read the teacher's logits a second time")
+
+    monkeypatch.setattr(plain, "teacher_logprobs_from_logits", second_pass)
+    trainer, module, cb, killer, _, ev = fit(tmp_path, collapse_at=COLLAPSE_AT, fused=True)
+    assert killer.before is not None and same(killer.before, params(module.student))
+    assert cb.guard.summary.first["teacher.uniform"] == COLLAPSE_AT
+    assert min(cb.guard.summary.first.values()) == COLLAPSE_AT
+    assert cb.guard.halt.step == COLLAPSE_AT + 2 and trainer.global_step == COLLAPSE_AT + 3
+    assert not cb.step_guard.watching and cb.guard.module_canary is not None
+
+
+def test_fused_loss_healthy_run_is_quiet(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="distill_guard")
+    trainer, module, cb, _, start, ev = fit(tmp_path, fused=True)
+    assert trainer.global_step == MAX_STEPS and cb.step_guard.skipped_updates == 0
+    assert not same(start, params(module.student))
+    assert [e for e in events(ev) if e.get("severity") in ("warn", "critical")] == []
+    assert loud(caplog.records) == []
+    assert cb.guard.run.vocab_size == VOCAB

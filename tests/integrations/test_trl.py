@@ -80,6 +80,14 @@ def _guarded_gkd_trainer() -> type:
 
 
 @functools.cache
+def _fused_gkd_trainer() -> type:
+    class FusedGKDTrainer(_guarded_gkd_trainer()):
+        distill_guard_fused_loss = True
+
+    return FusedGKDTrainer
+
+
+@functools.cache
 def _guarded_distillation_trainer() -> type:
     trl = pytest.importorskip("trl")
 
@@ -156,7 +164,8 @@ def run(
 ) -> Run:
     """Train the tiny student for ``max_steps`` with the guard; ``poison(teacher)`` at step ``at``.
 
-    ``flavour``: ``trl`` (GKDTrainer), ``distillation`` (``trl.DistillationTrainer``) or
+    ``flavour``: ``trl`` (GKDTrainer), ``trl_fused`` (GKDTrainer with
+    ``distill_guard_fused_loss``), ``distillation`` (``trl.DistillationTrainer``) or
     ``stand_in`` (test_transformers.py's plain-Trainer GKD)."""
     teacher = tiny_qwen3(seed=0)
     student = student_of(teacher)
@@ -193,7 +202,7 @@ def run(
         disable_tqdm=True,
         seed=0,
     )
-    if flavour == "trl":
+    if flavour in ("trl", "trl_fused"):
         from datasets import Dataset
         from trl.experimental.gkd import GKDConfig
 
@@ -207,7 +216,8 @@ def run(
             max_new_tokens=MAX_NEW_TOKENS,
             max_length=64,
         )
-        trainer = _guarded_gkd_trainer()(
+        cls = _fused_gkd_trainer() if flavour == "trl_fused" else _guarded_gkd_trainer()
+        trainer = cls(
             model=student,
             teacher_model=teacher,
             args=args,
@@ -395,3 +405,86 @@ def test_diverging_student_is_not_blamed_on_the_teacher(tmp_path, flavour):
         assert halt.step - first <= RESPONSE_STEPS, r.story()
         ckpt = r.out / f"checkpoint-{halt.step + 1}"
         assert (ckpt / GUARD_STATE_FILE).exists(), r.story()
+
+
+# ---------------------------------------------------------------------- the fused loss
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0], ids=["forward_kl", "jsd", "reverse_kl"])
+@pytest.mark.parametrize(
+    "reduce",
+    [
+        dict(),
+        dict(labels=False),
+        dict(num_items_in_batch=7),
+        dict(reduction="sum", temperature=0.7),
+    ],
+    ids=["batchmean", "no_labels", "num_items", "sum_temperature"],
+)
+def test_fused_generalized_jsd_loss_is_trls_own(beta, reduce):
+    """Value and gradient of ``generalized_jsd_loss`` with ``distill_guard_fused_loss`` equal
+    TRL's own: β = 0 forward KL, 1 reverse KL, the labels mask, each reduction."""
+    gkd = pytest.importorskip("trl.experimental.gkd")
+    fused = object.__new__(_fused_gkd_trainer())  # the method alone; no Trainer is built
+    g = torch.Generator().manual_seed(0)
+    student = torch.randn(3, 5, 33, generator=g).requires_grad_(True)
+    teacher = torch.randn(3, 5, 33, generator=g) * 3
+    labels = torch.randint(0, 33, (3, 5), generator=g)
+    labels[0, :2] = labels[2, 4] = -100
+    kw = dict(beta=beta, temperature=reduce.get("temperature", 1.0))
+    kw["labels"] = None if reduce.get("labels") is False else labels
+    kw.update({k: v for k, v in reduce.items() if k in ("num_items_in_batch", "reduction")})
+    ours = fused.generalized_jsd_loss(student, teacher, **kw)
+    (g_ours,) = torch.autograd.grad(ours, student)
+    theirs = gkd.GKDTrainer.generalized_jsd_loss(student, teacher, **kw)
+    (g_theirs,) = torch.autograd.grad(theirs, student)
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(g_ours, g_theirs, atol=1e-6, rtol=1e-4)
+
+
+def test_fused_loss_on_gkd_matches_trl_and_reads_the_logits_once(tmp_path, caplog, monkeypatch):
+    """A healthy GKDTrainer run with the fused loss: each step's loss is what TRL's own loss
+    gives on the same logits, every update is applied, nothing is said, and the guard reduced no
+    logits itself (its reducer fails if called): the teacher has only the canary."""
+    gkd = pytest.importorskip("trl.experimental.gkd")
+    from distill_guard.integrations import plain
+
+    def second_pass(*args, **kwargs):
+        raise AssertionError("the guard read the teacher's logits a second time")
+
+    monkeypatch.setattr(plain, "teacher_logprobs_from_logits", second_pass)
+    pairs: list[tuple[float, float]] = []
+    fused = _fused_gkd_trainer().generalized_jsd_loss
+
+    def compared(self, student_logits, teacher_logits, **kw):
+        loss = fused(self, student_logits, teacher_logits, **kw)
+        with torch.no_grad():
+            own = gkd.GKDTrainer.generalized_jsd_loss(student_logits, teacher_logits, **kw)
+        pairs.append((float(loss.detach()), float(own)))
+        return loss
+
+    monkeypatch.setattr(_fused_gkd_trainer(), "generalized_jsd_loss", compared)
+    caplog.set_level("INFO", logger="distill_guard")
+    observed: list[torch.Tensor] = []
+    r = run(tmp_path, "trl_fused", spy=observed)
+    assert r.trainer.state.global_step == MAX_STEPS
+    assert r.ledger.changed == dict.fromkeys(range(MAX_STEPS), True), r.story()
+    assert [e for e in r.log if e.get("severity") in ("warn", "critical")] == [], r.story()
+    assert loud(caplog.records) == []
+    assert len(pairs) == MAX_STEPS
+    for ours, theirs in pairs:
+        assert ours == pytest.approx(theirs, rel=1e-5, abs=1e-7)
+    assert r.losses == pytest.approx([p[0] for p in pairs], rel=1e-5)
+    assert not r.callback.step_guard.watching and r.callback.guard.module_canary is not None
+    assert len(observed) == MAX_STEPS and all(t.shape[1] == 1 for t in observed)
+    assert all(bool((t[:, 0] > -math.log(VOCAB) + 1.0).all()) for t in observed)
+
+
+def test_fused_loss_on_gkd_zeroed_teacher_takes_no_update(tmp_path):
+    r = run(tmp_path, "trl_fused", poison=kill)
+    assert r.ledger.poisoned == [], r.story()
+    first = [f for f in r.findings if f["code"] == "teacher.uniform"]
+    assert first and first[0]["step"] == POISON_AT, r.story()
+    assert not [f for f in r.findings if f["step"] < POISON_AT], r.story()
+    assert r.callback.guard.halted and r.callback.guard.halt.step == POISON_AT + 2, r.story()
+    assert sum(r.ledger.changed.values()) == POISON_AT, r.story()
