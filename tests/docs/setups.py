@@ -507,6 +507,36 @@ def _module(name: str, module: types.ModuleType) -> Any:
 # ---------------------------------------------------------------------- docs/losses.md
 
 
+@setup("fused-plain-loop")
+def fused_plain_loop(ctx: Context) -> None:
+    """The README loop's models and loader, with the fused loss: the teacher dies after three
+    healthy steps and the guard sees it from distill_loss's signals."""
+    from tests.integrations._tiny import student_of, tiny_qwen3, token_rows
+
+    teacher = tiny_qwen3()
+    student = student_of(teacher)
+    rows = token_rows(32)
+    loader = [
+        {k: torch.tensor([r[k] for r in rows[i : i + 4]]) for k in rows[0]} for i in range(0, 32, 4)
+    ]
+    ctx.namespace.update(
+        torch=torch,
+        loader=loader,
+        teacher=DyingTeacher(teacher),
+        student=student,
+        optimizer=torch.optim.AdamW(student.parameters(), lr=1e-3),
+    )
+
+    def check(ns: dict[str, Any]) -> None:
+        sg = ns["sg"]
+        assert sg.halted and ns["step"] == 5 and sg.skipped_updates == 3  # skip, skip, halt
+        assert (ctx.cwd / "halt.pt").exists()
+        assert "teacher.uniform" in _halt_event(ctx.cwd / "guard.jsonl")["message"]
+        assert sg.guard.run.vocab_size == ns["out"].vocab_size
+
+    ctx.check = check
+
+
 @setup("fused-loss")
 def fused_loss(ctx: Context) -> None:
     g = torch.Generator().manual_seed(0)
