@@ -7,12 +7,12 @@ guard watches (entropy, EOS probability, truncation), and greedy evaluation.
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import torch
 from transformers import PreTrainedModel
 
+from distill_guard.losses import distill_loss
 from distill_guard.signals import entropy_from_logits
 from examples.sdpo_sciknoweval.data import MCQItem, score
 from examples.sdpo_sciknoweval.tokenizer import WordTokenizer
@@ -133,18 +133,17 @@ def jsd_topk_tail_loss(
     ``teacher_topk_logprobs`` are ``[N, K]`` (the ids can be the teacher's or the student's
     top-k: the loss only needs the teacher's log-probs at them). With s, t the two K+1-bin
     distributions and m = (1-beta)*s + beta*t, JSD = (1-beta)*KL(s||m) + beta*KL(t||m), which lies
-    in [0, H(beta)] (ln 2 at beta=0.5). Computed in float32.
+    in [0, H(beta)] (ln 2 at beta=0.5). The divergence of the two bin distributions goes through
+    the package's fused loss (:func:`distill_guard.losses.distill_loss`, which takes any
+    distributions as logits); the per-token value is 0 where ``mask`` is False.
     """
     if not 0.0 < beta < 1.0:
         raise ValueError(f"beta must lie in (0, 1), got {beta}")
     student_logp = torch.log_softmax(student_logits.float(), dim=-1)
     s = _with_tail(student_logp.gather(-1, teacher_topk_ids.long()))
     t = _with_tail(teacher_topk_logprobs.float().to(s.device))
-    m = torch.logaddexp(s + math.log(1.0 - beta), t + math.log(beta))
-    kl_s = (s.exp() * (s - m)).sum(-1)
-    kl_t = (t.exp() * (t - m)).sum(-1)
-    per_token = (1.0 - beta) * kl_s + beta * kl_t
-    return per_token, _masked_mean(per_token, mask)
+    out = distill_loss(s, t, beta=beta, mask=mask)
+    return out.per_token, out.loss
 
 
 def student_stats(logits: torch.Tensor, mask: torch.Tensor, rollout: Rollout, eos_id: int) -> dict:

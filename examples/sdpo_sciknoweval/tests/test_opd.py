@@ -70,6 +70,37 @@ def test_uniform_teacher_against_peaked_student_sits_at_ln2(seed, peak, position
     assert per_token.sub(math.log(2)).abs().max() < 0.01
 
 
+@SETTINGS
+@given(
+    seed=st.integers(0, 2**31),
+    vocab=st.integers(2, 300),
+    k=st.integers(1, 16),
+    scale=st.floats(0.0, 30.0),
+    beta=st.floats(0.01, 0.99),
+)
+def test_the_fused_loss_is_the_tail_jsd_value_and_gradient64(seed, vocab, k, scale, beta):
+    """The demo's loss runs through distill_guard.losses.distill_loss: the same number and the
+    same gradient as the K+1-bin JSD written out in float64."""
+    student, ids, values = random_case(seed, 8, vocab, min(k, vocab), scale)
+    student = student.double().requires_grad_(True)
+    per_token, mean = jsd_topk_tail_loss(student.float(), ids, values, beta)
+    mean.backward()
+    fused_grad = student.grad.clone()
+    student.grad = None
+
+    def bins(logp: torch.Tensor) -> torch.Tensor:
+        mass = logp.exp().sum(-1, keepdim=True).clamp(max=1.0 - 1e-6)
+        return torch.cat([logp, torch.log1p(-mass)], dim=-1)
+
+    s = bins(torch.log_softmax(student, dim=-1).gather(-1, ids))
+    t = bins(values.double())
+    m = torch.logaddexp(s + math.log(1.0 - beta), t + math.log(beta))
+    ref = (1.0 - beta) * (s.exp() * (s - m)).sum(-1) + beta * (t.exp() * (t - m)).sum(-1)
+    ref.mean().backward()
+    assert torch.allclose(per_token.double(), ref.detach(), atol=2e-5)
+    assert torch.allclose(fused_grad, student.grad, atol=2e-5)
+
+
 def test_masked_mean_ignores_masked_tokens_and_beta_must_be_inside():
     student, ids, values = random_case(0, 6, 50, 4, 3.0)
     mask = torch.tensor([True, False, True, False, False, True])
