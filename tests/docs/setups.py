@@ -96,10 +96,10 @@ def _halt_event(path: Path) -> dict[str, Any]:
     return halt
 
 
-@setup("plain-loop")
-def plain_loop(ctx: Context) -> None:
-    """The user's loop over a tiny Qwen3 whose teacher dies after three healthy steps."""
-    from tests.integrations._tiny import jsd, student_of, tiny_qwen3, token_rows
+def _loop_with_a_dying_teacher(ctx: Context) -> None:
+    """A plain loop's surroundings: a tiny Qwen3 teacher that dies after three healthy steps, a
+    student near it, its optimizer and a loader of 8 batches of 4."""
+    from tests.integrations._tiny import student_of, tiny_qwen3, token_rows
 
     teacher = tiny_qwen3()
     student = student_of(teacher)
@@ -113,8 +113,16 @@ def plain_loop(ctx: Context) -> None:
         teacher=DyingTeacher(teacher),
         student=student,
         optimizer=torch.optim.AdamW(student.parameters(), lr=1e-3),
-        distill_loss=lambda s, t: jsd(s, t, torch.ones(s.shape[:-1])),
     )
+
+
+@setup("plain-loop")
+def plain_loop(ctx: Context) -> None:
+    """The user's loop over a tiny Qwen3 whose teacher dies after three healthy steps."""
+    from tests.integrations._tiny import jsd
+
+    _loop_with_a_dying_teacher(ctx)
+    ctx.namespace["distill_loss"] = lambda s, t: jsd(s, t, torch.ones(s.shape[:-1]))
 
     def check(ns: dict[str, Any]) -> None:
         sg = ns["sg"]
@@ -511,21 +519,7 @@ def _module(name: str, module: types.ModuleType) -> Any:
 def fused_plain_loop(ctx: Context) -> None:
     """The README loop's models and loader, with the fused loss: the teacher dies after three
     healthy steps and the guard sees it from distill_loss's signals."""
-    from tests.integrations._tiny import student_of, tiny_qwen3, token_rows
-
-    teacher = tiny_qwen3()
-    student = student_of(teacher)
-    rows = token_rows(32)
-    loader = [
-        {k: torch.tensor([r[k] for r in rows[i : i + 4]]) for k in rows[0]} for i in range(0, 32, 4)
-    ]
-    ctx.namespace.update(
-        torch=torch,
-        loader=loader,
-        teacher=DyingTeacher(teacher),
-        student=student,
-        optimizer=torch.optim.AdamW(student.parameters(), lr=1e-3),
-    )
+    _loop_with_a_dying_teacher(ctx)
 
     def check(ns: dict[str, Any]) -> None:
         sg = ns["sg"]
