@@ -26,9 +26,9 @@ import importlib.metadata
 import json
 import math
 import os
-import statistics
 
 import torch
+from gpu_signals import measure  # the same timing and peak-memory yardstick as §2
 
 from distill_guard.losses import distill_loss
 from distill_guard.signals import jsd_from_logits
@@ -50,25 +50,6 @@ def plain_jsd_loss(
 
 def liger_from_logits(jsd, s: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     return jsd(torch.log_softmax(s.float(), dim=-1), torch.log_softmax(t.float(), dim=-1))
-
-
-def measure(fn, repeat: int = 5, warmup: int = 2) -> tuple[float, float]:
-    """(median ms, peak extra MB) of fn()."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    times = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    peak = (torch.cuda.max_memory_allocated() - base) / 2**20
-    return statistics.median(times), peak
 
 
 def errors(loss_and_grad, s: torch.Tensor, t: torch.Tensor) -> dict[str, float]:

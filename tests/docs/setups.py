@@ -99,14 +99,11 @@ def _halt_event(path: Path) -> dict[str, Any]:
 def _loop_with_a_dying_teacher(ctx: Context) -> None:
     """A plain loop's surroundings: a tiny Qwen3 teacher that dies after three healthy steps, a
     student near it, its optimizer and a loader of 8 batches of 4."""
-    from tests.integrations._tiny import student_of, tiny_qwen3, token_rows
+    from tests.integrations._tiny import student_of, tiny_qwen3, token_batches
 
     teacher = tiny_qwen3()
     student = student_of(teacher)
-    rows = token_rows(32)
-    loader = [
-        {k: torch.tensor([r[k] for r in rows[i : i + 4]]) for k in rows[0]} for i in range(0, 32, 4)
-    ]
+    loader = token_batches(8)
     ctx.namespace.update(
         torch=torch,
         loader=loader,

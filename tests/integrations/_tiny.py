@@ -44,6 +44,15 @@ def token_rows(n: int = 64, length: int = 12, vocab: int = VOCAB, seed: int = 0)
     return [{"input_ids": r.tolist(), "attention_mask": [1] * length} for r in ids]
 
 
+def token_batches(steps: int, size: int = 4) -> list[dict[str, torch.Tensor]]:
+    """``steps`` batches of ``size`` :func:`token_rows`, as a loader yields them."""
+    rows = token_rows(size * steps)
+    return [
+        {k: torch.tensor([r[k] for r in rows[i : i + size]]) for k in rows[0]}
+        for i in range(0, size * steps, size)
+    ]
+
+
 def jsd(student_logits, teacher_logits, mask, beta: float = 0.5) -> torch.Tensor:
     """Per-token generalized JSD, masked mean (TRL's GKD loss with ``beta``)."""
     per = reference.jsd(student_logits.float(), teacher_logits.float(), beta)

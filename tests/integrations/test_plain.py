@@ -23,6 +23,7 @@ from ._tiny import (
     same,
     student_of,
     tiny_qwen3,
+    token_batches,
     token_rows,
 )
 
@@ -186,11 +187,7 @@ def plain_run(tmp_path, poison=None, at=6, steps=12, lr=1e-3):
     """The README loop with a ledger of which updates changed the student."""
     teacher = tiny_qwen3()
     student = student_of(teacher)
-    rows = token_rows(4 * steps)
-    batches = [
-        {k: torch.tensor([r[k] for r in rows[i : i + 4]]) for k in rows[0]}
-        for i in range(0, 4 * steps, 4)
-    ]
+    batches = token_batches(steps)
     ledger = UpdateLedger(student, teacher, at=at if poison else None, poison=poison)
     sg = StepGuard("default", [f"events_path={tmp_path / 'guard.jsonl'}"], teacher=teacher)
     optimizer = torch.optim.AdamW(student.parameters(), lr=lr)
@@ -287,11 +284,7 @@ def fused_run(tmp_path, monkeypatch, poison=None, at=6, steps=12):
     monkeypatch.setattr(plain, "teacher_logprobs_from_logits", second_pass)
     teacher = tiny_qwen3()
     student = student_of(teacher)
-    rows = token_rows(4 * steps)
-    batches = [
-        {k: torch.tensor([r[k] for r in rows[i : i + 4]]) for k in rows[0]}
-        for i in range(0, 4 * steps, 4)
-    ]
+    batches = token_batches(steps)
     ledger = UpdateLedger(student, teacher, at=at if poison else None, poison=poison)
     seen = []
     with StepGuard("default", [f"events_path={tmp_path / 'guard.jsonl'}"], teacher=teacher) as sg:
