@@ -1,0 +1,28 @@
+"""One base for every exception distill_guard raises on purpose: ``except GuardError`` catches
+them all, and each also keeps the built-in type callers already catch (``ValueError`` for bad
+input, ``TypeError`` for a wrong argument, ``RuntimeError`` for a state the call cannot run in).
+
+The guard itself never raises into a healthy run (a fault of its own becomes a finding); these
+are what a caller gets for a call it made wrongly, or for a teacher, file or server that refused.
+"""
+
+from __future__ import annotations
+
+__all__ = ["GuardError", "GuardRuntimeError", "GuardTypeError", "GuardValueError"]
+
+
+class GuardError(Exception):
+    """Base of every exception the package raises on purpose."""
+
+
+class GuardValueError(GuardError, ValueError):
+    """A value the call cannot use (a threshold out of range, a malformed file or command line);
+    the message names the value and what was expected."""
+
+
+class GuardTypeError(GuardError, TypeError):
+    """An argument of the wrong kind, or a keyword the call does not take."""
+
+
+class GuardRuntimeError(GuardError, RuntimeError):
+    """A state the call cannot run in (a server that did not start, a run that must stop)."""
