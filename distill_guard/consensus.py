@@ -53,10 +53,8 @@ CONSENSUS_FAILED = Code.CONSENSUS_FAILED
 _NO_STEP = -1
 
 
-def _priority(decision: Decision) -> int:
-    """Action first, then what a monitor-only policy would have done, so neither is lost."""
-    intended = decision.intended.rank + 1 if decision.intended is not None else 0
-    return decision.action.rank * (len(Action) + 1) + intended
+def _priority(decision: Decision) -> int:  # temporary: tests/test_consensus.py still imports it
+    return decision.priority
 
 
 def dist_ready() -> bool:
@@ -112,7 +110,7 @@ class DistributedReducer:
         world = dist.get_world_size()
         step = _NO_STEP if decision.step is None else int(decision.step)
         # one all-reduce carries: priority with the lowest holding rank, max step, -min step
-        key = _priority(decision) * world + (world - 1 - rank)
+        key = decision.priority * world + (world - 1 - rank)
         packed = torch.tensor([key, step, -step], dtype=torch.int64)
         try:
             dist.all_reduce(packed, op=dist.ReduceOp.MAX, group=group)

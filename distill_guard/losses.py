@@ -18,18 +18,23 @@ unless ``scale_by_temperature_squared`` (then tell the guard ``run.loss_scale = 
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from distill_guard.observations import LossKind, Metric
+from distill_guard.observations import LossKind, Metric, RunSpec
 from distill_guard.signals import DEFAULT_CHUNK_ROWS, _row_chunks, _use_triton, jsd_ceiling
 
 # Row indices of the [7, N] statistics (the Triton kernels' layout too).
 _LSE_S, _LSE_T, _H_S, _H_T, _TOP1_T, _LOSS, _AUX = range(7)
 _MODES = {LossKind.JSD: 0, LossKind.FORWARD_KL: 1, LossKind.REVERSE_KL: 2}
 _FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+
+log = logging.getLogger("distill_guard")
 
 
 def loss_kind(beta: float) -> LossKind:
@@ -335,3 +340,23 @@ def _torch_backward(student, teacher, stats, weight, beta, inv_temp, mode, chunk
             g = torch.where(ps == 0, 0.0, ps * (ls - lt - stats[_AUX, idx, None]))
         out[idx] = (g * weight[idx, None]).to(out.dtype)
     return out
+
+
+def run_stated_by(out: DistillLoss, run: RunSpec, *, learn_vocab_size: bool = True) -> RunSpec:
+    """``run`` with the facts ``out`` states: its loss kind, β and scale (the loss the caller
+    takes is the one to judge by; a disagreement is said at INFO), and V when unset."""
+    facts: dict[str, Any] = {"loss": out.kind, "beta": out.beta, "loss_scale": out.scale}
+    if learn_vocab_size and run.vocab_size is None:
+        facts["vocab_size"] = out.vocab_size
+    changed = {k: v for k, v in facts.items() if getattr(run, k) != v}
+    if not changed:
+        return run
+    said = {k: getattr(run, k) for k in changed if k != "vocab_size"}
+    if said:
+        log.info(
+            "distill_guard: the guard's run said %s, the loss handed to observe_distill_loss "
+            "is %s; the guard judges by the loss's",
+            said,
+            {k: changed[k] for k in said},
+        )
+    return dataclasses.replace(run, **changed)

@@ -65,6 +65,14 @@ class Decision:
         """True when the run must change course (skip, repair or halt)."""
         return self.action.rank >= Action.SKIP_BATCH.rank
 
+    @property
+    def priority(self) -> int:
+        """The one order of decisions: the action first, then what a monitor-only policy would
+        have done, so neither is lost when decisions are combined (:func:`worst`, the ranks'
+        agreement in :mod:`distill_guard.consensus`)."""
+        intended = self.intended.rank + 1 if self.intended is not None else 0
+        return self.action.rank * (len(Action) + 1) + intended
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "step": self.step,
@@ -196,6 +204,11 @@ class Policy:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._critical.load_state_dict(state.get("critical", {}))
         self._warn.load_state_dict(state.get("warn", {}))
+
+
+def worst(*decisions: Decision) -> Decision:
+    """The decision of highest :attr:`~Decision.priority` (the first of equals)."""
+    return max(decisions, key=lambda d: d.priority)
 
 
 def feasible(decision: Decision, *, update_pending: bool, can_reload: bool) -> Decision:

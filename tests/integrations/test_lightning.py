@@ -251,12 +251,12 @@ def test_fused_loss_zeroed_teacher_mid_run_takes_no_update(tmp_path, monkeypatch
     """``training_step`` hands distill_loss's output to the callback (``fused_loss=True``): the
     zeroed teacher is caught from those signals alone (the logits reducer fails if called), no
     update is taken on it, and the default policy halts."""
-    from distill_guard.integrations import plain
+    from distill_guard.integrations import step_guard
 
     def second_pass(*args, **kwargs):
         raise AssertionError("the guard read the teacher's logits a second time")
 
-    monkeypatch.setattr(plain, "teacher_logprobs_from_logits", second_pass)
+    monkeypatch.setattr(step_guard, "teacher_logprobs_from_logits", second_pass)
     trainer, module, cb, killer, _, ev = fit(tmp_path, collapse_at=COLLAPSE_AT, fused=True)
     assert killer.before is not None and same(killer.before, params(module.student))
     assert cb.guard.summary.first["teacher.uniform"] == COLLAPSE_AT

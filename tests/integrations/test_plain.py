@@ -106,13 +106,13 @@ def test_watch_observes_only_while_collecting():
     x = torch.tensor([token_rows(1)[0]["input_ids"]])
     sg.collecting = False
     teacher(input_ids=x)
-    assert sg._topk == []
+    assert sg._buffer.topk.parts == []
     sg.collecting = True
     teacher(input_ids=x, attention_mask=torch.ones_like(x))
-    assert sg._topk[0].shape == (x.shape[1], 4)
+    assert sg._buffer.topk.parts[0].shape == (x.shape[1], 4)
     sg.unwatch()
     teacher(input_ids=x)
-    assert len(sg._topk) == 1
+    assert len(sg._buffer.topk.parts) == 1
     with pytest.raises(ValueError, match="top-k width"):
         sg.observe_teacher_logprobs(topk_logprobs=torch.zeros(3, 8))
 
@@ -130,13 +130,13 @@ def test_watch_judges_only_outputs_as_wide_as_the_vocabulary(caplog):
     teacher.forward = lambda **kw: backbone(**kw).last_hidden_state  # [1, T, H], H != V
     for _ in range(3):
         teacher(input_ids=x)
-    assert sg._topk == []
+    assert sg._buffer.topk.parts == []
     told = [r.getMessage() for r in caplog.records if "not judged" in r.getMessage()]
     hidden = teacher.config.hidden_size
     assert len(told) == 1 and f"width {hidden}" in told[0] and str(VOCAB) in told[0], told
     del teacher.forward  # the real forward: logits over the vocabulary are observed again
     teacher(input_ids=x)
-    assert sg._topk[0].shape == (x.shape[1], 4)
+    assert sg._buffer.topk.parts[0].shape == (x.shape[1], 4)
 
 
 def test_hidden_states_are_judged_through_the_teachers_head():
@@ -154,11 +154,12 @@ def test_hidden_states_are_judged_through_the_teachers_head():
     projected.observe_teacher_hidden_states(
         hidden, teacher.get_output_embeddings(), mask=mask, labels=x
     )
-    assert len(projected._topk) == 3  # one chunk per sample
-    for name in ("_topk", "_token", "_ids", "_samples"):
-        a, b = torch.cat(getattr(full, name)), torch.cat(getattr(projected, name))
+    assert len(projected._buffer.topk.parts) == 3  # one chunk per sample
+    for name in ("topk", "token", "topk_ids", "samples"):
+        a = torch.cat(getattr(full._buffer, name).parts)
+        b = torch.cat(getattr(projected._buffer, name).parts)
         assert a.shape == b.shape and torch.allclose(a.float(), b.float(), atol=1e-5), name
-    assert int(torch.cat(projected._samples).max()) == 2
+    assert int(torch.cat(projected._buffer.samples.parts).max()) == 2
 
 
 def test_healthy_loop_is_untouched():
@@ -275,13 +276,13 @@ def fused_run(tmp_path, monkeypatch, poison=None, at=6, steps=12):
     """The fused-loss loop of docs/losses.md (``distill_loss`` as the loss, its output handed to
     ``observe_distill_loss``), with the logits reducer made to fail: the guard reads nothing of
     the logits but what the loss returned."""
-    from distill_guard.integrations import plain
+    from distill_guard.integrations import step_guard
     from distill_guard.losses import distill_loss
 
     def second_pass(*args, **kwargs):
         raise AssertionError("the guard read the teacher's logits a second time")
 
-    monkeypatch.setattr(plain, "teacher_logprobs_from_logits", second_pass)
+    monkeypatch.setattr(step_guard, "teacher_logprobs_from_logits", second_pass)
     teacher = tiny_qwen3()
     student = student_of(teacher)
     batches = token_batches(steps)
@@ -339,7 +340,7 @@ def test_observe_distill_loss_hands_top1_samples_loss_and_entropy():
     out = distill_loss(student, teacher, beta=0.3, mask=mask)
     sg = StepGuard("default", ["alerts.use_wandb=false"])
     sg.observe_distill_loss(out)
-    (top1,), (samples,) = sg._topk, sg._samples
+    (top1,), (samples,) = sg._buffer.topk.parts, sg._buffer.samples.parts
     lp = torch.log_softmax(teacher, -1).amax(-1)[mask.bool()]
     assert top1.shape == (13, 1) and torch.allclose(top1[:, 0], lp, atol=1e-5)
     assert samples.tolist() == [0] * 5 + [1] * 3 + [2] * 5
@@ -394,6 +395,6 @@ def test_fused_signals_after_a_logits_reduction_are_not_mixed_in(caplog):
     for _ in range(2):
         sg.observe_teacher_logits(logits)
         sg.observe_distill_loss(distill_loss(logits + 0.1, logits))
-    assert [t.shape[-1] for t in sg._topk] == [16, 16] and len(sg._losses) == 2
+    assert [t.shape[-1] for t in sg._buffer.topk.parts] == [16, 16] and len(sg._buffer.losses) == 2
     told = [r for r in caplog.records if "read the logits once" in r.getMessage()]
     assert len(told) == 1 and told[0].levelname == "INFO"

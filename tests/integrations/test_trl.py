@@ -447,12 +447,12 @@ def test_fused_loss_on_gkd_matches_trl_and_reads_the_logits_once(tmp_path, caplo
     gives on the same logits, every update is applied, nothing is said, and the guard reduced no
     logits itself (its reducer fails if called): the teacher has only the canary."""
     gkd = pytest.importorskip("trl.experimental.gkd")
-    from distill_guard.integrations import plain
+    from distill_guard.integrations import step_guard
 
     def second_pass(*args, **kwargs):
         raise AssertionError("the guard read the teacher's logits a second time")
 
-    monkeypatch.setattr(plain, "teacher_logprobs_from_logits", second_pass)
+    monkeypatch.setattr(step_guard, "teacher_logprobs_from_logits", second_pass)
     pairs: list[tuple[float, float]] = []
     fused = _fused_gkd_trainer().generalized_jsd_loss
 
