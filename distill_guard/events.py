@@ -10,12 +10,14 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distill_guard.findings import _jsonable
+
+if TYPE_CHECKING:
+    from distill_guard.guard import DistillGuard
 
 log = logging.getLogger("distill_guard")
 
@@ -106,32 +108,29 @@ class EventLog:
             )
 
 
-def attach_record(
-    *,
-    preset: str | None,
-    checks: Sequence[Any],
-    policy: Any,
-    run: Any,
-    canary: Any,
-    sinks: Sequence[Mapping[str, Any]],
-    rank: int,
-    teacher: str | None,
-) -> dict[str, Any]:
+def attach_record(guard: DistillGuard) -> dict[str, Any]:
     """The payload of the ``attached`` event: enough to tell, from the file alone, that a guard
-    watched this run and with which bounds. ``sinks`` are the alert sinks as they describe
-    themselves (never a secret)."""
-    from distill_guard import __version__
+    watched this run and with which bounds. The alert sinks are as they describe themselves
+    (never a secret), on rank 0 only (the only rank that sends)."""
+    from distill_guard._version import __version__
+    from distill_guard.live.canary import Canary
 
+    spec = guard.canary if guard.canary is not None else guard.canary_spec
+    teacher = guard.teacher
+    if teacher is not None:
+        kind: str | None = type(teacher).__name__
+    else:
+        kind = "module" if guard.module_canary is not None else None
     return {
         "version": __version__,
-        "preset": preset,
-        "rank": rank,
-        "teacher": teacher,
-        "run": _config(run),
-        "policy": _config(policy),
-        "checks": {getattr(c, "name", type(c).__name__): _config(c) for c in checks},
-        "canary": _config(canary),
-        "alert_sinks": list(sinks),
+        "preset": guard.preset,
+        "rank": guard.rank,
+        "teacher": kind,
+        "run": _config(guard.run),
+        "policy": _config(guard.policy),
+        "checks": {getattr(c, "name", type(c).__name__): _config(c) for c in guard.checks},
+        "canary": _config(spec.check if isinstance(spec, Canary) else spec),
+        "alert_sinks": list(guard.alerter.describe()) if guard.alerter.rank == 0 else [],
     }
 
 

@@ -1,4 +1,4 @@
-"""DistillGuard: runs the checks at each stage of a step, asks the policy, and carries out its word.
+"""DistillGuard: runs the checks at each stage of a step; :mod:`distill_guard.carry_out` decides.
 
 Where it sits in a colocated step (``docs/architecture.md``)::
 
@@ -7,10 +7,10 @@ Where it sits in a colocated step (``docs/architecture.md``)::
     sleep ◄─ fingerprint ◄─────────────── on_step_metrics ◄──────────────┘
 
 :meth:`DistillGuard.wake` and :meth:`DistillGuard.sleep` own the teacher's side of that step
-(:class:`~distill_guard.live.colocate.ColocatedTeacher`): the host calls them instead of the
-teacher's resume and release. Every hook returns a :class:`~distill_guard.policy.Decision`. The
-guard never raises into the trainer through its own fault: a check that throws, an unreachable
-teacher or a broken alert channel becomes a finding like any other.
+(:class:`~distill_guard.live.colocate.ColocatedTeacher`) instead of the teacher's resume and
+release. Every hook returns a :class:`~distill_guard.policy.Decision`; the guard never raises
+into the trainer through its own fault (a check that throws, an unreachable teacher or a broken
+alert channel becomes a finding like any other).
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ from typing import Any
 import torch
 
 from distill_guard.alerts import Alerter, decision_alert
+from distill_guard.carry_out import decide, safe_decision
 from distill_guard.checks import Check, default_checks
+from distill_guard.checks.base import CHECK_HOOKS
 from distill_guard.checks.canary import CanaryCheck
 from distill_guard.events import EventLog, attach_record
 from distill_guard.findings import TEACHER_FAULTS, Code, Finding, internal_error
@@ -33,14 +35,12 @@ from distill_guard.live.colocate import ColocatedTeacher
 from distill_guard.live.module_canary import ModuleCanary
 from distill_guard.live.repair import Reloader
 from distill_guard.observations import RunSpec, StepMetrics, TeacherScores
-from distill_guard.policy import Action, Decision, Halt, Policy, feasible
+from distill_guard.policy import Decision, Halt, Policy
+from distill_guard.stages import Stage
 from distill_guard.summary import GuardSummary
 from distill_guard.teachers.base import Teacher, TeacherError
 
 log = logging.getLogger("distill_guard")
-
-UPDATE_PENDING = frozenset({"wake", "teacher_scores", "step_metrics_before_update"})
-"""Stages that come before the step's optimizer update: a skip there is a skip."""
 
 Reducer = Callable[[Decision], Decision]
 """Makes every rank take the same decision (see :mod:`distill_guard.consensus`)."""
@@ -49,7 +49,7 @@ Reducer = Callable[[Decision], Decision]
 class DistillGuard:
     """Watches an on-policy distillation run and, when the teacher dies, repairs it or halts.
 
-    Build it from a preset or config with :func:`~distill_guard.config.build_guard`; this constructor is the
+    Built from a preset or config by :func:`~distill_guard.config.build_guard`; this is the
     programmatic form.
 
     Args:
@@ -172,11 +172,11 @@ class DistillGuard:
         if self.colocated is None:
             if resume is not None:
                 resume()
-            return self._conclude("wake", step, [])
+            return self._conclude(Stage.WAKE, step, [])
         colocated = self.colocated
         findings = self._safely("wake", lambda: colocated.wake(step, resume), step)
         self._note_evidence(step, findings)
-        return self._conclude("wake", step, findings)
+        return self._conclude(Stage.WAKE, step, findings)
 
     def sleep(self, step: int, *, release: Callable[[], Any] | None = None) -> Decision:
         """Fingerprint the teacher, then put it to sleep (or run the host's ``release``).
@@ -187,10 +187,10 @@ class DistillGuard:
         if self.colocated is None:
             if release is not None:
                 release()
-            return self._conclude("sleep", step, [])
+            return self._conclude(Stage.SLEEP, step, [])
         colocated = self.colocated
         findings = self._safely("sleep", lambda: colocated.sleep(step, release), step)
-        return self._conclude("sleep", step, findings)
+        return self._conclude(Stage.SLEEP, step, findings)
 
     def on_teacher_scores(
         self,
@@ -217,11 +217,11 @@ class DistillGuard:
         module_canary = self.module_canary
         if module_canary is not None:
             findings += self._safely("canary", lambda: module_canary.check(step), step)
-        findings += self._run_checks("on_teacher_scores", scores)
+        findings += self._run_checks(Stage.TEACHER_SCORES, scores)
         seen = any(t is not None and t.numel() for t in (token_logprobs, topk_logprobs))
         if seen or module_canary is not None:
             self._note_evidence(step, findings)
-        return self._conclude("teacher_scores", step, findings)
+        return self._conclude(Stage.TEACHER_SCORES, step, findings)
 
     def on_step_metrics(
         self, step: int, metrics: Mapping[str, float | None], *, before_update: bool = False
@@ -234,8 +234,8 @@ class DistillGuard:
         decision says so instead of claiming a skip."""
         values = {k: v for k, v in metrics.items() if v is not None}
         evidence = self._evidence[1] if self._evidence and self._evidence[0] == step else None
-        findings = self._run_checks("on_step_metrics", StepMetrics(step, values, evidence))
-        stage = "step_metrics_before_update" if before_update else "step_metrics"
+        stage = Stage.STEP_METRICS_BEFORE_UPDATE if before_update else Stage.STEP_METRICS
+        findings = self._run_checks(stage, StepMetrics(step, values, evidence))
         return self._conclude(stage, step, findings)
 
     # ------------------------------------------------------------------ state
@@ -322,12 +322,13 @@ class DistillGuard:
 
     # ------------------------------------------------------------------ internals
 
-    def _run_checks(self, hook: str, observation: Any) -> list[Finding]:
+    def _run_checks(self, stage: Stage, observation: Any) -> list[Finding]:
+        """Every check's own hook of ``stage`` (:data:`~distill_guard.checks.base.CHECK_HOOKS`)."""
+        hook = CHECK_HOOKS[stage]
         findings: list[Finding] = []
         for check in self.checks:
-            fn = getattr(check, hook)
             findings += self._safely(
-                check.name, lambda fn=fn: fn(observation, self.run), observation.step
+                check.name, lambda c=check: hook(c, observation, self.run), observation.step
             )
         return findings
 
@@ -341,18 +342,17 @@ class DistillGuard:
             log.exception("distill_guard: %s raised", who)
             return [internal_error(who, exc, step, "the guard skipped it this step")]
 
-    def _conclude(self, stage: str, step: int, findings: list[Finding]) -> Decision:
+    def _conclude(self, stage: Stage, step: int, findings: list[Finding]) -> Decision:
         """The one place a decision is made; a fault of the guard's own here becomes
         ``guard.internal_error`` and a safe decision, never an exception in the trainer."""
         self._announce()
         try:
-            return self._decide(stage, step, findings)
+            return decide(self, stage, step, findings)
         except Exception as exc:  # noqa: BLE001 - fail safe by design
-            return self._safe_decision(stage, step, exc)
+            return safe_decision(stage, step, exc)
 
     def _announce(self) -> None:
-        """The ``attached`` record, once, at the first hook (rank and teacher are known by then):
-        a run in which nothing was found still leaves a file that says it was watched, and how."""
+        """The ``attached`` record, once, at the first hook: even a quiet run says it was watched."""
         if self._attached:
             return
         self._attached = True
@@ -362,20 +362,7 @@ class DistillGuard:
             log.exception("distill_guard: writing the attach record raised")
 
     def _write_attached(self) -> None:
-        spec = self.canary if self.canary is not None else self.canary_spec
-        teacher = self.teacher
-        record = attach_record(
-            preset=self.preset,
-            checks=self.checks,
-            policy=self.policy,
-            run=self.run,
-            canary=spec.check if isinstance(spec, Canary) else spec,
-            sinks=self.alerter.describe() if self.alerter.rank == 0 else [],
-            rank=self.rank,
-            teacher=type(teacher).__name__
-            if teacher is not None
-            else ("module" if self.module_canary is not None else None),
-        )
+        record = attach_record(self)
         self.events.write("attached", **record)
         log.info(
             "distill_guard: attached on rank %d (%s, %d checks%s); alerts to %s",
@@ -386,39 +373,6 @@ class DistillGuard:
             ", ".join(["log", *(s["sink"] for s in record["alert_sinks"])]),
         )
 
-    def _safe_decision(self, stage: str, step: int, exc: Exception) -> Decision:
-        log.exception("distill_guard: deciding at %s raised", stage)
-        safe = Action.SKIP_BATCH if stage in UPDATE_PENDING else Action.ALERT
-        why = "this step is not trained on the teacher's scores, as a precaution"
-        fault = internal_error(
-            stage, exc, step, why if safe is Action.SKIP_BATCH else "run goes on"
-        )
-        return Decision(step, safe, (fault,), message=f"{safe.value}: guard fault at {stage}")
-
-    def _decide(self, stage: str, step: int, findings: list[Finding]) -> Decision:
-        if self.summary.halt is not None and self.stop_on_halt:
-            return Decision(step, Action.HALT, message=self.summary.halt.message)
-        try:
-            self._record(stage, findings)
-            local = self.policy.decide(step, findings)
-        except Exception as exc:  # noqa: BLE001 - every rank must still reach the reduction
-            local = self._safe_decision(stage, step, exc)
-        decision = self._reduce(local) if self.reducer is not None else local
-        pending, can_reload = stage in UPDATE_PENDING, self.colocated is not None
-        decision = feasible(decision, update_pending=pending, can_reload=can_reload)
-        local = feasible(local, update_pending=pending, can_reload=can_reload)
-        if decision.action is Action.REWAKE:
-            decision = self._rewake(stage, decision, local)
-        if decision.action is not Action.CONTINUE:
-            self.events.write("decision", stage=stage, **decision.to_dict())
-            if decision.notify:
-                self._alert(decision)
-        if decision.action is Action.HALT and self.summary.halt is None:
-            self.summary.halt = Halt.of(decision, stage)
-            self.events.write("halt", stage=stage, step=step, message=decision.message)
-            self.events.close()
-        return decision
-
     def _note_evidence(self, step: int, findings: list[Finding]) -> None:
         """What the teacher's own evidence (its canary, then its scores) says of this step; the
         latest wins (scores taken after a repair at wake are the repaired teacher's)."""
@@ -428,81 +382,16 @@ class DistillGuard:
         elif Code.TEACHER_UNREACHABLE not in codes:
             self._evidence = (step, True)
 
-    def _record(self, stage: str, findings: list[Finding]) -> None:
+    def record_findings(self, stage: Stage, findings: list[Finding]) -> None:
+        """Count, log to the event file and hand on (``on_finding``) every finding of ``stage``."""
         for f in findings:
             self.summary.add_finding(f)
-            self.events.write("finding", stage=stage, **f.to_dict())
+            self.events.write("finding", stage=str(stage), **f.to_dict())
             if self.on_finding is not None:
                 self.on_finding(f)
 
-    def _reduce(self, decision: Decision) -> Decision:
-        assert self.reducer is not None
-        try:
-            return self.reducer(decision)
-        except Exception as exc:  # noqa: BLE001
-            log.exception("distill_guard: decision reduction failed")
-            # Without agreement the safe course for the local rank is to stop: a rank that
-            # carries on alone would hang the others at their next collective.
-            return Decision(
-                decision.step,
-                Action.HALT,
-                decision.reasons,
-                message=f"halt: ranks could not agree on a decision ({exc})",
-            )
-
-    def _rewake(self, stage: str, agreed: Decision, local: Decision) -> Decision:
-        """Carry out an agreed rewake: only a rank whose own checks asked for it repairs (the
-        others' teachers are fine: attribute before acting). Under a reducer a second reduction
-        then gives every rank the outcome: a repair that failed anywhere halts all, and the
-        repairing rank's notice reaches rank 0, which alerts once per incident."""
-        outcome = self._repair(stage, agreed) if local.action is Action.REWAKE else local
-        if self.reducer is None:
-            return outcome
-        return dataclasses.replace(self._reduce(outcome), repaired=outcome.repaired)
-
-    def _repair(self, stage: str, decision: Decision) -> Decision:
-        """Repair this rank's teacher, if the guard holds it; the decision as carried out."""
-        colocated = self.colocated
-        if colocated is None:
-            return decision
-        if colocated.asleep:
-            # Colocated: the trainer holds the memory now. The canary at the next wake decides.
-            return dataclasses.replace(
-                decision,
-                message=f"{decision.message}; teacher asleep, the canary at its next wake "
-                "will repair it if needed",
-            )
-        outcome, notice = colocated.repair(
-            decision.step,
-            list(decision.reasons),
-            on_event=lambda kind, payload: self.events.write(
-                kind, stage=stage, **{**payload, "step": decision.step}
-            ),
-        )
-        self._record(stage, outcome.findings)
-        if not outcome.ok:
-            return Decision(
-                decision.step,
-                Action.HALT,
-                (*outcome.findings[:1], *decision.reasons),
-                message=f"halt: teacher repair failed after {outcome.attempts} attempt(s) "
-                f"({decision.message})",
-            )
-        if stage == "wake":
-            # the canary found the fault and the canary passes now: resolved. A fault found in
-            # the scores is not proved gone by a canary that passes (one replica of several, a
-            # scoring path the canary does not take): its steps keep counting toward the halt.
-            self.policy.resolved(decision.step)
-        return dataclasses.replace(
-            decision,
-            reasons=(*decision.reasons, notice) if notice is not None else decision.reasons,
-            message=f"{decision.message}; teacher repaired in {outcome.attempts} attempt(s), "
-            f"{outcome.seconds:.2f} s (repair {colocated.repairs} of this run)",
-            repaired=True,
-            notify=notice is not None,
-        )
-
-    def _alert(self, decision: Decision) -> None:
+    def send_alert(self, decision: Decision) -> None:
+        """One alert for ``decision``, also written to the event file."""
         title, body, level = decision_alert(decision)
         self.events.write("alert", step=decision.step, title=title, level=level)
         self.alerter.alert(title, body, level)

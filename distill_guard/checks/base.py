@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from distill_guard.findings import Finding
 from distill_guard.observations import RunSpec, StepMetrics, TeacherScores
+from distill_guard.stages import Stage
 
 
 class Check:
@@ -31,6 +33,17 @@ class Check:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what ``state_dict`` returned; stateless checks have nothing to restore."""
+
+
+CHECK_HOOKS: dict[Stage, Callable[[Check, Any, RunSpec], list[Finding]]] = {
+    Stage.TEACHER_SCORES: lambda check, scores, run: check.on_teacher_scores(scores, run),
+    Stage.STEP_METRICS_BEFORE_UPDATE: lambda check, metrics, run: check.on_step_metrics(
+        metrics, run
+    ),
+    Stage.STEP_METRICS: lambda check, metrics, run: check.on_step_metrics(metrics, run),
+}
+"""The check hook each observation stage runs, called directly (no lookup by name). ``wake`` and
+``sleep`` run no check hook: they are the live teacher's canary (:mod:`distill_guard.live`)."""
 
 
 def likely_cause(metrics: StepMetrics, what: str) -> str:

@@ -14,6 +14,7 @@ its own ``release`` / ``resume`` call; the teacher's tracked sleep state follows
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -22,6 +23,7 @@ from distill_guard.findings import Code, Finding, Severity
 from distill_guard.live.canary import Canary, teacher_error_finding
 from distill_guard.live.incidents import IncidentTracker
 from distill_guard.live.repair import EventSink, Reloader, RepairOutcome, repair_teacher
+from distill_guard.policy import Action, Decision
 from distill_guard.teachers.base import Teacher, TeacherError
 
 
@@ -203,6 +205,35 @@ class ColocatedTeacher:
             on_event=on_event,
         )
         return outcome, self.incidents.on_repair(outcome, step=step, cause=cause)
+
+    def rewake(
+        self, decision: Decision, on_event: EventSink | None = None
+    ) -> tuple[Decision, list[Finding]]:
+        """Carry out a ``rewake`` decision: the decision as carried out (``repaired`` when the
+        reload verified, a halt when it did not) and the repair's findings. An asleep teacher
+        is left to the canary at its next wake: the trainer holds its memory now."""
+        if self.asleep:
+            message = f"{decision.message}; teacher asleep, the canary at its next wake will "
+            return dataclasses.replace(decision, message=message + "repair it if needed"), []
+        outcome, notice = self.repair(decision.step, list(decision.reasons), on_event)
+        if not outcome.ok:
+            halt = Decision(
+                decision.step,
+                Action.HALT,
+                (*outcome.findings[:1], *decision.reasons),
+                message=f"halt: teacher repair failed after {outcome.attempts} attempt(s) "
+                f"({decision.message})",
+            )
+            return halt, outcome.findings
+        repaired = dataclasses.replace(
+            decision,
+            reasons=(*decision.reasons, notice) if notice is not None else decision.reasons,
+            message=f"{decision.message}; teacher repaired in {outcome.attempts} attempt(s), "
+            f"{outcome.seconds:.2f} s (repair {self.repairs} of this run)",
+            repaired=True,
+            notify=notice is not None,
+        )
+        return repaired, outcome.findings
 
     def state_dict(self) -> dict[str, Any]:
         return {"canary": self.canary.state_dict(), "incidents": self.incidents.state_dict()}

@@ -25,6 +25,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,15 @@ STUDENT_NOISE = 0.3
 """The student is the teacher plus this much relative noise: a healthy JSD sits far below ln 2."""
 STAGES = ("wake", "scores", "metrics")
 """The guard's decision points in a step, in order (wake, on_teacher_scores, on_step_metrics)."""
-HOOKS = ("wake", "on_teacher_scores", "on_step_metrics", "sleep")
+HOOKS = tuple(
+    h.__name__
+    for h in (
+        DistillGuard.wake,
+        DistillGuard.on_teacher_scores,
+        DistillGuard.on_step_metrics,
+        DistillGuard.sleep,
+    )
+)
 
 
 # ---------------------------------------------------------------------------------- options
@@ -356,24 +365,24 @@ class ColocatedRank:
         try:
             if self.guard is None:
                 self.teacher.resume()
-            woke = self.ask(rec, "wake", "wake", step)
+            woke = self.ask(rec, DistillGuard.wake, step, stage="wake")
             rec.repaired = woke is not None and woke.repaired
             ids = self.sample(step)
             topk_lp, topk_ids, token_lp = self.score(ids)
             d = self.ask(
                 rec,
-                "scores",
-                "on_teacher_scores",
+                DistillGuard.on_teacher_scores,
                 step,
+                stage="scores",
                 token_logprobs=token_lp,
                 topk_logprobs=topk_lp,
             )
             train = d is None or not d.acts  # skip_batch / rewake: not on these scores
             metrics = self.learn(rec, ids, topk_lp, topk_ids) if train else {}
-            self.ask(rec, "metrics", "on_step_metrics", step, metrics)
+            self.ask(rec, DistillGuard.on_step_metrics, step, metrics, stage="metrics")
             if self.guard is None:
                 self.teacher.release()
-            self.ask(rec, None, "sleep", step)
+            self.ask(rec, DistillGuard.sleep, step)
         except Halted as h:
             rec.halt = h.stage
         if self.place.device.type == "cuda":
@@ -382,19 +391,25 @@ class ColocatedRank:
         return rec
 
     def ask(
-        self, rec: StepRecord, stage: str | None, hook: str, *args: Any, **kwargs: Any
+        self,
+        rec: StepRecord,
+        hook: Callable[..., Decision],
+        *args: Any,
+        stage: str | None = None,
+        **kwargs: Any,
     ) -> Decision | None:
-        """Call a guard hook (nothing without a guard) and time it; record the stage's decision,
-        already agreed by all ranks, and raise :class:`Halted` on a halt."""
+        """Call ``hook`` (a :class:`DistillGuard` method) on the guard, if any, and time it;
+        record the decision as ``stage``'s (already agreed by all ranks), and raise
+        :class:`Halted` on a halt."""
         if self.guard is None:
             return None
         t0 = time.perf_counter()
-        decision = getattr(self.guard, hook)(*args, **kwargs)
-        rec.guard_seconds[hook] = time.perf_counter() - t0
+        decision = hook(self.guard, *args, **kwargs)
+        rec.guard_seconds[hook.__name__] = time.perf_counter() - t0
         if stage is not None:
             rec.actions[stage] = decision.action.value
         if decision.action is Action.HALT:
-            raise Halted(stage or hook)
+            raise Halted(stage or hook.__name__)
         return decision
 
     def sample(self, step: int) -> torch.Tensor:

@@ -41,7 +41,7 @@ def test_a_finding_carrying_a_tensor_is_recorded(tmp_path):
     finding = Finding(Code.TEACHER_UNIFORM, Severity.WARN, "m", 0, {"rows": torch.ones(2, 3)})
     assert finding.to_dict()["values"]["rows"] == [[1.0] * 3] * 2
     guard = DistillGuard(events=tmp_path / "e.jsonl")
-    guard._record("teacher_scores", [finding])
+    guard.record_findings("teacher_scores", [finding])
     assert read_events(tmp_path / "e.jsonl")[-1]["values"]["rows"] == [[1.0] * 3] * 2
 
 
