@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from distill_guard.alerts import WEBHOOK_ENV, Alerter
 from distill_guard.checks import ChecksConfig
+from distill_guard.errors import GuardTypeError, GuardValueError
 from distill_guard.guard import DistillGuard
 from distill_guard.observations import RunSpec
 from distill_guard.policy import Policy
@@ -84,7 +85,7 @@ def compose_guard_config(preset: str = "default", overrides: list[str] | None = 
     from hydra.core.global_hydra import GlobalHydra
 
     if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+        raise GuardValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
     # Inside a running Hydra app the global state is the app's: set it aside, then restore it.
     app = GlobalHydra.instance().hydra if GlobalHydra.instance().is_initialized() else None
     GlobalHydra.instance().clear()
@@ -118,7 +119,9 @@ def build_guard(
     """
     if isinstance(spec, DistillGuard):
         if overrides or kwargs:
-            raise ValueError("overrides and guard arguments need a preset or a config, not a guard")
+            raise GuardValueError(
+                "overrides and guard arguments need a preset or a config, not a guard"
+            )
         return spec
     if spec is None or isinstance(spec, str):
         node = compose_guard_config(spec or "default", list(overrides))
@@ -127,7 +130,7 @@ def build_guard(
         if overrides:
             node = OmegaConf.merge(node, OmegaConf.from_dotlist(list(overrides)))
     else:
-        raise TypeError(
+        raise GuardTypeError(
             "a guard spec is a DistillGuard, a preset name, a config node or None, not "
             f"{type(spec).__name__}"
         )

@@ -14,6 +14,7 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from distill_guard.errors import GuardValueError
 from distill_guard.findings import _jsonable
 
 if TYPE_CHECKING:
@@ -163,5 +164,5 @@ def read_events(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
             if n == len(lines) - 1:
                 log.warning("distill_guard: %s:%d: torn last event left out (%s)", path, i, exc)
                 break
-            raise ValueError(f"{path}:{i}: not a JSON event ({exc})") from None
+            raise GuardValueError(f"{path}:{i}: not a JSON event ({exc})") from None
     return events

@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import import_module
 
+from distill_guard.errors import GuardError, GuardValueError
+
 EXTRAS = {
     "hf": ("transformers", "accelerate", "safetensors"),
     "trl": ("trl",),
@@ -24,7 +26,7 @@ EXTRAS = {
 """Extra → the top-level modules it installs (pyproject's ``[project.optional-dependencies]``)."""
 
 
-class MissingExtra(ImportError):
+class MissingExtra(GuardError, ImportError):
     """A feature's optional dependency is not installed; the message says how to install it."""
 
     def __init__(self, feature: str, install: str, module: str | None) -> None:
@@ -37,7 +39,7 @@ def install_line(extra: str) -> str:
     """The shell argument that installs ``extra`` (``"server,hf"`` for several)."""
     unknown = [e for e in extra.split(",") if e not in EXTRAS]
     if unknown:
-        raise ValueError(f"unknown extra(s) {unknown}; extras are {', '.join(EXTRAS)}")
+        raise GuardValueError(f"unknown extra(s) {unknown}; extras are {', '.join(EXTRAS)}")
     return f"'distill_guard[{extra}]'"
 
 
@@ -48,7 +50,7 @@ def needed(feature: str, extra: str | None = None, *, package: str | None = None
     extra brings). A missing ``distill_guard`` module is a bug, not an extra: it is re-raised."""
     install = install_line(extra) if extra else package
     if not install:
-        raise ValueError("needed() takes an extra or a package")
+        raise GuardValueError("needed() takes an extra or a package")
     try:
         yield
     except ModuleNotFoundError as exc:

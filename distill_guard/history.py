@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from distill_guard.errors import GuardError
 from distill_guard.metric_names import RELAX_METRIC_NAMES, resolve_key
 from distill_guard.observations import Metric
 
@@ -18,7 +19,7 @@ STEP_KEYS = ("_step", "step", "train/step", "global_step")
 REQUIRED_ROLES = (Metric.LOSS,)
 
 
-class HistoryError(ValueError):
+class HistoryError(GuardError, ValueError):
     """A history file the replay cannot use; the message names the file, line and problem."""
 
     def __init__(self, path: str | os.PathLike[str], problem: str, line: int | None = None) -> None:

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from distill_guard.errors import GuardTypeError, GuardValueError
 from distill_guard.observations import LossKind, Metric, RunSpec
 from distill_guard.signals import DEFAULT_CHUNK_ROWS, _row_chunks, _use_triton, jsd_ceiling
 
@@ -40,7 +41,7 @@ log = logging.getLogger("distill_guard")
 def loss_kind(beta: float) -> LossKind:
     """Which divergence β selects: the JSD inside (0, 1), forward KL at 0, reverse KL at 1."""
     if not 0.0 <= beta <= 1.0:
-        raise ValueError(
+        raise GuardValueError(
             f"beta must lie in [0, 1] (the teacher's weight in the mixture), got {beta}"
         )
     if beta == 0.0:
@@ -149,23 +150,23 @@ def distill_loss(
     """
     kind = loss_kind(beta)
     if not (math.isfinite(temperature) and temperature > 0):
-        raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
+        raise GuardValueError(f"temperature must be a finite number > 0, got {temperature}")
     if student_logits.shape != teacher_logits.shape:
-        raise ValueError(
+        raise GuardValueError(
             f"student logits {tuple(student_logits.shape)} and teacher logits "
             f"{tuple(teacher_logits.shape)} must have the same shape"
         )
     if student_logits.dim() < 1 or student_logits.shape[-1] < 2:
-        raise ValueError(
+        raise GuardValueError(
             f"logits must be [..., V] with V >= 2, got shape {tuple(student_logits.shape)}"
         )
     if student_logits.device != teacher_logits.device:
-        raise ValueError(
+        raise GuardValueError(
             f"student logits on {student_logits.device}, teacher logits on {teacher_logits.device}"
         )
     for name, x in (("student", student_logits), ("teacher", teacher_logits)):
         if x.dtype not in _FLOAT_DTYPES:
-            raise TypeError(f"{name} logits must be bf16, fp16, fp32 or fp64, got {x.dtype}")
+            raise GuardTypeError(f"{name} logits must be bf16, fp16, fp32 or fp64, got {x.dtype}")
     lead = student_logits.shape[:-1]
     valid = _valid_positions(lead, student_logits.device, mask, labels, ignore_index)
     v = student_logits.shape[-1]
@@ -211,7 +212,7 @@ def _valid_positions(
         if x is None:
             continue
         if x.shape != lead:
-            raise ValueError(
+            raise GuardValueError(
                 f"{name} has shape {tuple(x.shape)}, the logits' leading shape is {tuple(lead)}"
             )
         x = x.detach().to(device)

@@ -9,6 +9,7 @@ from enum import Enum
 
 import torch
 
+from distill_guard.errors import GuardValueError
 from distill_guard.signals import jsd_ceiling
 
 
@@ -74,15 +75,15 @@ class RunSpec:
             self.loss = LossKind(self.loss)
         except ValueError:
             choices = ", ".join(k.value for k in LossKind)
-            raise ValueError(f"loss must be one of {choices}, got {self.loss!r}") from None
+            raise GuardValueError(f"loss must be one of {choices}, got {self.loss!r}") from None
         for name in ("vocab_size", "student_vocab_size"):
             v = getattr(self, name)
             if v is not None and v < 2:
-                raise ValueError(f"{name} must be >= 2, got {v}")
+                raise GuardValueError(f"{name} must be >= 2, got {v}")
         if not 0.0 <= self.beta <= 1.0:
-            raise ValueError(f"beta must lie in [0, 1], got {self.beta}")
+            raise GuardValueError(f"beta must lie in [0, 1], got {self.beta}")
         if not self.loss_scale > 0:
-            raise ValueError(f"loss_scale must be > 0, got {self.loss_scale}")
+            raise GuardValueError(f"loss_scale must be > 0, got {self.loss_scale}")
 
     @property
     def loss_ceiling(self) -> float | None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from distill_guard.errors import GuardValueError
 from distill_guard.findings import Code, Finding, Severity
 
 
@@ -143,20 +144,20 @@ class Policy:
         self.critical_action = _action("critical_action", self.critical_action)
         self.warn_escalation = _action("warn_escalation", self.warn_escalation)
         if self.critical_action not in (Action.REWAKE, Action.SKIP_BATCH, Action.HALT):
-            raise ValueError(
+            raise GuardValueError(
                 f"critical_action must be rewake, skip_batch or halt, got {self.critical_action.value}"
             )
         if self.warn_escalation is Action.CONTINUE:
-            raise ValueError(
+            raise GuardValueError(
                 "warn_escalation must be alert, skip_batch, rewake or halt, got continue "
                 "(it would silence warnings once they persist)"
             )
         if self.halt_after_critical_steps < 1:
-            raise ValueError(
+            raise GuardValueError(
                 f"halt_after_critical_steps must be >= 1, got {self.halt_after_critical_steps}"
             )
         if self.warn_patience is not None and self.warn_patience < 1:
-            raise ValueError(f"warn_patience must be >= 1 or None, got {self.warn_patience}")
+            raise GuardValueError(f"warn_patience must be >= 1 or None, got {self.warn_patience}")
         self._critical = _StepRun()
         self._warn = _StepRun()
 
@@ -238,7 +239,7 @@ def _action(field_name: str, value: Action | str) -> Action:
         return Action(value)
     except ValueError:
         choices = ", ".join(a.value for a in Action)
-        raise ValueError(f"{field_name} must be one of {choices}, got {value!r}") from None
+        raise GuardValueError(f"{field_name} must be one of {choices}, got {value!r}") from None
 
 
 @dataclass

@@ -13,6 +13,8 @@ from typing import NamedTuple
 
 import torch
 
+from distill_guard.errors import GuardValueError
+
 DEFAULT_CHUNK_ROWS = 256
 """Rows per chunk for full-vocabulary work: 256 × 151936 float32 is 156 MB."""
 
@@ -20,14 +22,14 @@ DEFAULT_CHUNK_ROWS = 256
 def uniform_logprob(vocab_size: int) -> float:
     """log(1/V): the value every logprob takes when the teacher's distribution is exactly uniform."""
     if vocab_size < 2:
-        raise ValueError(f"vocab_size must be >= 2, got {vocab_size}")
+        raise GuardValueError(f"vocab_size must be >= 2, got {vocab_size}")
     return -math.log(vocab_size)
 
 
 def binary_entropy(beta: float) -> float:
     """H(β) = −β ln β − (1−β) ln(1−β) in nats; 0 at the ends."""
     if not 0.0 <= beta <= 1.0:
-        raise ValueError(f"beta must lie in [0, 1], got {beta}")
+        raise GuardValueError(f"beta must lie in [0, 1], got {beta}")
     return -sum(p * math.log(p) for p in (beta, 1.0 - beta) if p > 0.0)
 
 
@@ -39,7 +41,7 @@ def jsd_ceiling(beta: float) -> float | None:
     weights. At β ∈ {0, 1} the loss is a KL divergence, which has no ceiling: returns None.
     """
     if not 0.0 <= beta <= 1.0:
-        raise ValueError(f"beta must lie in [0, 1], got {beta}")
+        raise GuardValueError(f"beta must lie in [0, 1], got {beta}")
     if beta in (0.0, 1.0):
         return None
     return binary_entropy(beta)
@@ -82,14 +84,16 @@ def teacher_logprob_stats(
     tokens (``[N]`` for either shape). Runs on the tensor's device; returns Python floats.
     """
     if logprobs.dim() not in (1, 2):
-        raise ValueError(
+        raise GuardValueError(
             f"teacher logprobs must be [N] or [N, K], got shape {tuple(logprobs.shape)}"
         )
     x = logprobs.detach()
     if mask is not None:
         mask = mask.to(device=x.device, dtype=torch.bool).reshape(-1)
         if mask.numel() != x.shape[0]:
-            raise ValueError(f"mask has {mask.numel()} entries for {x.shape[0]} token positions")
+            raise GuardValueError(
+                f"mask has {mask.numel()} entries for {x.shape[0]} token positions"
+            )
         x = x[mask]
     if x.dim() == 1:
         return _token_stats(x, vocab_size, atol)
@@ -174,14 +178,14 @@ def infer_uniform_vocab_size(logprob: float) -> int:
 
 def _row_chunks(n: int, chunk_rows: int):
     if chunk_rows < 1:
-        raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+        raise GuardValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
     for start in range(0, n, chunk_rows):
         yield start, min(start + chunk_rows, n)
 
 
 def _use_triton(x: torch.Tensor, backend: str) -> bool:
     if backend not in ("auto", "torch", "triton"):
-        raise ValueError(f"backend must be auto, torch or triton, got {backend!r}")
+        raise GuardValueError(f"backend must be auto, torch or triton, got {backend!r}")
     if backend == "torch" or (backend == "auto" and not x.is_cuda):
         return False
     try:
@@ -237,19 +241,19 @@ def jsd_from_logits(
     :class:`distill_guard.losses.DistillLoss`'s at τ = 1) are given: then once.
     """
     if student_logits.shape != teacher_logits.shape:
-        raise ValueError(
+        raise GuardValueError(
             f"student logits {tuple(student_logits.shape)} and teacher logits "
             f"{tuple(teacher_logits.shape)} must have the same shape"
         )
     if not 0.0 <= beta <= 1.0:
-        raise ValueError(f"beta must lie in [0, 1], got {beta}")
+        raise GuardValueError(f"beta must lie in [0, 1], got {beta}")
     if (student_lse is None) != (teacher_lse is None):
-        raise ValueError("give both student_lse and teacher_lse, or neither")
+        raise GuardValueError("give both student_lse and teacher_lse, or neither")
     if student_lse is not None:
         lead = student_logits.shape[:-1]
         for name, lse in (("student_lse", student_lse), ("teacher_lse", teacher_lse)):
             if lse.shape != lead:
-                raise ValueError(
+                raise GuardValueError(
                     f"{name} has shape {tuple(lse.shape)}, the logits' leading shape is "
                     f"{tuple(lead)}"
                 )
@@ -322,7 +326,7 @@ def teacher_logprobs_from_logits(
     extra memory is one ``[chunk_rows, V]`` block whatever the batch.
     """
     if top_k < 1:
-        raise ValueError(f"top_k must be >= 1, got {top_k}")
+        raise GuardValueError(f"top_k must be >= 1, got {top_k}")
     v = logits.shape[-1]
     z = logits.detach().reshape(-1, v)
     per_sample = logits.shape[-2] if logits.dim() >= 3 else z.shape[0]
@@ -333,7 +337,9 @@ def teacher_logprobs_from_logits(
         valid = lab != ignore_index
         keep = valid if keep is None else keep & valid
     if keep is not None and keep.numel() != z.shape[0]:
-        raise ValueError(f"mask/labels have {keep.numel()} positions for {z.shape[0]} logit rows")
+        raise GuardValueError(
+            f"mask/labels have {keep.numel()} positions for {z.shape[0]} logit rows"
+        )
     k = min(top_k, v)
     tops: list[torch.Tensor] = []
     top_ids: list[torch.Tensor] = []

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from distill_guard.alerts.wandb import WandbSink
 from distill_guard.alerts.webhook import WEBHOOK_ENV, WebhookSink, webhook_from_env
+from distill_guard.errors import GuardValueError
 from distill_guard.findings import Code
 
 if TYPE_CHECKING:
@@ -120,7 +121,7 @@ class Alerter:
     def alert(self, title: str, text: str, level: str = "WARN") -> bool:
         """Log the alert; hand it to the sinks unless throttled. True if a sink took it."""
         if level not in LEVELS:
-            raise ValueError(f"alert level must be one of {LEVELS}, got {level!r}")
+            raise GuardValueError(f"alert level must be one of {LEVELS}, got {level!r}")
         title = title[:MAX_TITLE]
         if self.log_alerts:
             self._log(_LOG_LEVEL[level], title, text)

@@ -20,6 +20,8 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
+from distill_guard.errors import GuardError, GuardValueError
+
 log = logging.getLogger("distill_guard")
 
 WEBHOOK_ENV = "DISTILL_GUARD_WEBHOOK_URL"
@@ -45,7 +47,7 @@ class _NotOurRequests(logging.Filter):
 _QUIET = _NotOurRequests()
 
 
-class WebhookError(RuntimeError):
+class WebhookError(GuardError, RuntimeError):
     """The webhook sink could not take an alert (its queue is full)."""
 
 
@@ -95,12 +97,12 @@ class WebhookSink:
         except ValueError:
             parsed, host = None, None
         if parsed is None or parsed.scheme not in ("http", "https") or not host:
-            raise ValueError(
+            raise GuardValueError(
                 f"{where} is not an http(s) URL; set it to the receiver's incoming-webhook URL "
                 "(https://hooks.slack.com/services/...) or unset it"
             )
         if timeout_s <= 0:
-            raise ValueError(f"webhook timeout_s must be > 0, got {timeout_s}")
+            raise GuardValueError(f"webhook timeout_s must be > 0, got {timeout_s}")
         self.url = url
         self.env = env
         self.host = host

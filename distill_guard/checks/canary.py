@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from distill_guard.errors import GuardValueError
 from distill_guard.findings import Code, Finding, Severity
 from distill_guard.signals import infer_uniform_vocab_size, uniform_logprob
 
@@ -112,7 +113,7 @@ class CanaryCheck:
             high = vocab_size or FALLBACK_TOKEN_RANGE
             tokens = torch.randint(0, high, (self.length,), generator=gen).tolist()
         if len(tokens) < 2:
-            raise ValueError(f"a canary needs at least 2 tokens, got {len(tokens)}")
+            raise GuardValueError(f"a canary needs at least 2 tokens, got {len(tokens)}")
         return tokens
 
     def judge(

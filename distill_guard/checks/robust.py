@@ -14,6 +14,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from distill_guard.errors import GuardValueError
+
 MAD_TO_SIGMA = 1.4826
 """σ of a normal distribution per unit of median absolute deviation."""
 
@@ -74,7 +76,7 @@ class RollingMedian:
 
     def __post_init__(self) -> None:
         if self.window < 1:
-            raise ValueError(f"window must be >= 1, got {self.window}")
+            raise GuardValueError(f"window must be >= 1, got {self.window}")
         self._values = deque(self._values, maxlen=self.window)
         self._past = deque(self._past, maxlen=self.lag + 1)
 

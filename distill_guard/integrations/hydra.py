@@ -15,6 +15,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from distill_guard.errors import GuardTypeError
+
 log = logging.getLogger("distill_guard")
 
 
@@ -30,7 +32,7 @@ def instantiate_callbacks(callbacks_cfg: DictConfig | Mapping[str, Any] | None) 
         log.info("distill_guard: no callback configs; none instantiated")
         return []
     if not isinstance(callbacks_cfg, (DictConfig, Mapping)):
-        raise TypeError(
+        raise GuardTypeError(
             f"callbacks config must be a mapping of named nodes, not {type(callbacks_cfg).__name__}"
             " (Hydra lists do not compose: see conf/callbacks/default.yaml)"
         )

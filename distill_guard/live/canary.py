@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from distill_guard.checks.canary import CanaryCheck, CanaryComparison, CanaryMeasurement
+from distill_guard.errors import GuardTypeError
 from distill_guard.findings import Code, Finding, Severity
 from distill_guard.teachers.base import Teacher, TeacherError
 
@@ -23,7 +24,7 @@ class Canary:
 
     def __init__(self, check: CanaryCheck | None = None, **fields: Any) -> None:
         if check is not None and fields:
-            raise TypeError("give a CanaryCheck or its fields, not both")
+            raise GuardTypeError("give a CanaryCheck or its fields, not both")
         self.check = check if check is not None else CanaryCheck(**fields)
         self.vocab_size: int | None = self.check.vocab_size
         """V: configured, else asked of the teacher, else inferred from a flat response."""

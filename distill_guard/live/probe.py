@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from distill_guard.errors import GuardValueError
 from distill_guard.findings import Code, Finding, Severity
 from distill_guard.live.canary import Canary
 from distill_guard.live.colocate import ColocatedTeacher
@@ -103,7 +104,7 @@ def run_probe(
     before the first release; after it they become findings.
     """
     if cycles < 0:
-        raise ValueError(f"cycles must be >= 0, got {cycles}")
+        raise GuardValueError(f"cycles must be >= 0, got {cycles}")
     colocated = ColocatedTeacher(
         teacher, canary, repair_attempts=max_repair_attempts, repair_backoff_s=0.5, tags=tags
     )

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from distill_guard.errors import GuardValueError
 from distill_guard.findings import Code, Finding, Severity
 from distill_guard.live.canary import Canary, teacher_error_finding
 from distill_guard.teachers.base import Teacher, TeacherError, TeacherUnreachable
@@ -61,7 +62,7 @@ def repair_teacher(
     teacher the reloader must restore the weights the teacher had before it slept.
     """
     if max_attempts < 1:
-        raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
+        raise GuardValueError(f"max_attempts must be >= 1, got {max_attempts}")
     emit = on_event or _noop
     t0 = time.perf_counter()
     last: list[Finding] = []

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from distill_guard.errors import GuardValueError
 from distill_guard.teachers.base import ScoreResult, TeacherError
 
 
@@ -28,7 +29,9 @@ def check_temperature(temperature: float | None) -> None:
         or not math.isfinite(temperature)
         or temperature < 0
     ):
-        raise ValueError(f"temperature must be a non-negative finite number, got {temperature!r}")
+        raise GuardValueError(
+            f"temperature must be a non-negative finite number, got {temperature!r}"
+        )
 
 
 def sampling_params(temperature: float | None = None) -> dict[str, Any]:

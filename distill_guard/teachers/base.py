@@ -10,11 +10,13 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from distill_guard.errors import GuardError, GuardTypeError, GuardValueError
+
 ALL_TAGS: tuple[str, ...] = ("weights", "kv_cache", "cuda_graph")
 """SGLang's memory tags (``GPU_MEMORY_ALL_TYPES``); ``None`` or ``[]`` in a request means all."""
 
 
-class TeacherError(RuntimeError):
+class TeacherError(GuardError, RuntimeError):
     """A teacher call failed. The guard turns these into findings; it never lets them crash a run."""
 
 
@@ -131,10 +133,10 @@ def normalize_tags(tags: Sequence[str] | None) -> tuple[str, ...]:
     if tags is None or len(tags) == 0:
         return ALL_TAGS
     if isinstance(tags, str):
-        raise TypeError(f"tags must be a sequence of strings, not the string {tags!r}")
+        raise GuardTypeError(f"tags must be a sequence of strings, not the string {tags!r}")
     unknown = [t for t in tags if t not in ALL_TAGS]
     if unknown:
-        raise ValueError(f"unknown memory tags {unknown}; SGLang knows {list(ALL_TAGS)}")
+        raise GuardValueError(f"unknown memory tags {unknown}; SGLang knows {list(ALL_TAGS)}")
     return tuple(dict.fromkeys(tags))
 
 
@@ -211,16 +213,16 @@ def check_score_args(
 ) -> None:
     """Reject requests SGLang would reject or silently misread, with the reason."""
     if top_k < 0:
-        raise ValueError(f"top_k must be >= 0, got {top_k}")
+        raise GuardValueError(f"top_k must be >= 0, got {top_k}")
     if logprob_start_len < 0:
-        raise ValueError(f"logprob_start_len must be >= 0, got {logprob_start_len}")
+        raise GuardValueError(f"logprob_start_len must be >= 0, got {logprob_start_len}")
     if len(sequences) == 0:
-        raise ValueError("score needs at least one sequence")
+        raise GuardValueError("score needs at least one sequence")
     for i, seq in enumerate(sequences):
         if len(seq) == 0:
-            raise ValueError(f"sequence {i} is empty")
+            raise GuardValueError(f"sequence {i} is empty")
         if logprob_start_len >= len(seq):
-            raise ValueError(
+            raise GuardValueError(
                 f"logprob_start_len={logprob_start_len} leaves nothing to score in sequence {i} "
                 f"of length {len(seq)} (it must be < the length)"
             )

@@ -19,6 +19,7 @@ from typing import Any, Literal
 import torch
 
 from distill_guard import __version__
+from distill_guard.errors import GuardValueError
 from distill_guard.extras import needed
 from distill_guard.teachers.base import ScoreResult, TeacherError, TeacherStateError, TrackedTeacher
 
@@ -128,7 +129,7 @@ class TorchTeacher(TrackedTeacher):
         """
         super().__init__()
         if fault not in ("zeros", "garbage"):
-            raise ValueError(f"fault must be 'zeros' or 'garbage', got {fault!r}")
+            raise GuardValueError(f"fault must be 'zeros' or 'garbage', got {fault!r}")
         self.model = model.eval().requires_grad_(False)
         self.model_path = str(model_path) if model_path is not None else None
         self.enable_memory_saver = enable_memory_saver

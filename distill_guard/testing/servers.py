@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from distill_guard.errors import GuardRuntimeError
 from distill_guard.teachers.torch_teacher import TorchTeacher
 from distill_guard.testing.reference_server import ReferenceServer, serve_in_thread
 
@@ -66,12 +67,12 @@ def reference_subprocess(
         while True:
             if proc.poll() is not None:
                 out = proc.stdout.read().decode() if proc.stdout else ""
-                raise RuntimeError(f"serve-reference exited {proc.returncode}: {out[-2000:]}")
+                raise GuardRuntimeError(f"serve-reference exited {proc.returncode}: {out[-2000:]}")
             with contextlib.suppress(httpx.TransportError):
                 if httpx.get(url + "/health", timeout=1.0).status_code == 200:
                     break
             if time.monotonic() > deadline:
-                raise RuntimeError(f"serve-reference did not answer on {url} in {timeout_s} s")
+                raise GuardRuntimeError(f"serve-reference did not answer on {url} in {timeout_s} s")
             time.sleep(0.1)
         yield url
     finally:

@@ -17,6 +17,7 @@ import os
 from typing import Any
 
 from distill_guard.checks import TeacherCollapseCheck
+from distill_guard.errors import GuardError, GuardValueError
 from distill_guard.findings import Finding, Severity
 from distill_guard.integrations.relax import samples as fields
 from distill_guard.observations import RunSpec, TeacherScores
@@ -24,7 +25,7 @@ from distill_guard.observations import RunSpec, TeacherScores
 log = logging.getLogger("distill_guard")
 
 
-class TeacherCollapseError(RuntimeError):
+class TeacherCollapseError(GuardError, RuntimeError):
     """Raised for a sample whose teacher top-K is dead, with ``guard_on_collapse="raise"``."""
 
 
@@ -45,7 +46,7 @@ class TeacherCollapseFeedbackMixin:
         super().__init__(*args, **kwargs)
         env_v = os.environ.get("DISTILL_GUARD_VOCAB_SIZE")
         if guard_on_collapse not in ("raise", "mask"):
-            raise ValueError(
+            raise GuardValueError(
                 f"guard_on_collapse must be 'raise' or 'mask', got {guard_on_collapse!r}"
             )
         self.guard_run = RunSpec(vocab_size=guard_vocab_size or (int(env_v) if env_v else None))

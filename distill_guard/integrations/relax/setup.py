@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from distill_guard.config import GuardSpec, build_guard
+from distill_guard.errors import GuardError
 from distill_guard.guard import DistillGuard
 from distill_guard.integrations.plain import refuse_unexpected
 from distill_guard.integrations.relax.feedback import FEEDBACK_BASES
@@ -52,7 +53,7 @@ GATE_FLAGS = {
 ON_DEAD = {"halt": "HALT", "repair": "REWAKE"}
 
 
-class GuardSetupError(RuntimeError):
+class GuardSetupError(GuardError, RuntimeError):
     """The guard cannot protect this run as launched (a gate Relax did not load): refuse it."""
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from distill_guard.consensus import dist_ready
+from distill_guard.errors import GuardError
 from distill_guard.events import EventLog
 from distill_guard.integrations.relax.verdicts import StepVerdict, Verdict, VerdictBoard
 
@@ -35,7 +36,7 @@ SaveFunction = Callable[[Any, int, Any, Any, Any], None]
 """``save(args, rollout_id, model, optimizer, opt_param_scheduler)``."""
 
 
-class GuardHalt(RuntimeError):
+class GuardHalt(GuardError, RuntimeError):
     """The guard stopped the run; the message says why (the event file has the details)."""
 
 

@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from distill_guard.errors import GuardRuntimeError
 from distill_guard.extras import needed
 from distill_guard.testing.reference_server.app import create_app
 from distill_guard.testing.reference_server.engine import ReferenceServer
@@ -44,7 +45,7 @@ class ServerThread:
         deadline = time.monotonic() + timeout_s
         while not self._server.started:
             if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError(f"reference server did not start on {self.url}")
+                raise GuardRuntimeError(f"reference server did not start on {self.url}")
             time.sleep(0.01)
         return self
 
