@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import torch
 
-from distill_guard import __version__
+from distill_guard._version import __version__
 from distill_guard.errors import GuardValueError
 from distill_guard.extras import needed
 from distill_guard.teachers.base import ScoreResult, TeacherError, TeacherStateError, TrackedTeacher
