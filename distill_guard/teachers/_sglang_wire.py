@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from distill_guard.errors import GuardValueError
-from distill_guard.teachers.base import ScoreResult, TeacherError
+from distill_guard.teachers.base import ScoreResult, TeacherError, TrackedTeacher
 
 
 def check_temperature(temperature: float | None) -> None:
@@ -32,6 +32,26 @@ def check_temperature(temperature: float | None) -> None:
         raise GuardValueError(
             f"temperature must be a non-negative finite number, got {temperature!r}"
         )
+
+
+class SGLangScoring(TrackedTeacher):
+    """The scoring both SGLang clients share: the protocol's ``score`` plus SGLang's
+    ``temperature``, checked before anything is sent."""
+
+    def score(
+        self,
+        sequences: Sequence[Sequence[int]],
+        *,
+        top_k: int = 0,
+        logprob_start_len: int = 0,
+        temperature: float | None = None,
+    ) -> ScoreResult:
+        """The :class:`~distill_guard.teachers.Teacher` ``score``, plus ``temperature``: sent as
+        ``sampling_params.temperature`` (None: 0, as slime and Relax send it). No released SGLang
+        applies it to input logprobs (``docs/sglang-contract.md`` §1.8); preflight sends it to
+        measure exactly that."""
+        check_temperature(temperature)
+        return self._checked_score(sequences, top_k, logprob_start_len, temperature)
 
 
 def sampling_params(temperature: float | None = None) -> dict[str, Any]:

@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from distill_guard.extras import needed
 from distill_guard.teachers._sglang_wire import (
-    check_temperature,
+    SGLangScoring,
     parse_score_response,
     sampling_params,
 )
 from distill_guard.teachers.base import (
     ScoreResult,
     TeacherError,
-    TrackedTeacher,
     read_vocab_size,
 )
 from distill_guard.teachers.capabilities import Capabilities, capabilities_for
@@ -36,7 +34,7 @@ def _check_result(result: Any, what: str) -> None:
         raise TeacherError(f"{what} failed: {getattr(result, 'message', '')}")
 
 
-class SGLangEngineTeacher(TrackedTeacher):
+class SGLangEngineTeacher(SGLangScoring):
     """Wraps an ``sglang.Engine`` (or anything with its method signatures and return shapes).
 
     Same semantics as :class:`~distill_guard.teachers.SGLangHTTPTeacher`: prefill-only scoring
@@ -65,21 +63,6 @@ class SGLangEngineTeacher(TrackedTeacher):
             raise
         except Exception as e:  # the engine's own errors: KeyError on resume, asserts, ...
             raise TeacherError(f"sglang.Engine.{what} raised {type(e).__name__}: {e}") from e
-
-    def score(
-        self,
-        sequences: Sequence[Sequence[int]],
-        *,
-        top_k: int = 0,
-        logprob_start_len: int = 0,
-        temperature: float | None = None,
-    ) -> ScoreResult:
-        """The :class:`~distill_guard.teachers.Teacher` ``score``, plus ``temperature``: passed as
-        ``sampling_params["temperature"]`` (None: 0, as slime and Relax pass it). No released
-        SGLang applies it to input logprobs (``docs/sglang-contract.md`` §1.8); preflight passes
-        it to measure exactly that."""
-        check_temperature(temperature)
-        return self._checked_score(sequences, top_k, logprob_start_len, temperature)
 
     def _score(
         self,

@@ -5,13 +5,12 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import httpx
 
 from distill_guard.teachers._sglang_wire import (
-    check_temperature,
+    SGLangScoring,
     parse_score_response,
     score_request,
 )
@@ -21,7 +20,6 @@ from distill_guard.teachers.base import (
     TeacherHTTPError,
     TeacherStateError,
     TeacherUnreachable,
-    TrackedTeacher,
     read_vocab_size,
     redact,
 )
@@ -53,7 +51,7 @@ def error_message(resp: httpx.Response) -> tuple[str, Any]:
     return str(body), body
 
 
-class SGLangHTTPTeacher(TrackedTeacher):
+class SGLangHTTPTeacher(SGLangScoring):
     """Scores, sleeps, wakes and reloads an SGLang server over its native HTTP API.
 
     Only idempotent reads (``/generate`` with ``max_new_tokens: 0``, ``/server_info``) are retried,
@@ -226,21 +224,6 @@ class SGLangHTTPTeacher(TrackedTeacher):
         return body
 
     # -- the Teacher protocol --------------------------------------------------------------
-
-    def score(
-        self,
-        sequences: Sequence[Sequence[int]],
-        *,
-        top_k: int = 0,
-        logprob_start_len: int = 0,
-        temperature: float | None = None,
-    ) -> ScoreResult:
-        """The :class:`~distill_guard.teachers.Teacher` ``score``, plus ``temperature``: sent as
-        ``sampling_params.temperature`` (None: 0, as slime and Relax send it). No released SGLang
-        applies it to input logprobs (``docs/sglang-contract.md`` §1.8); preflight sends it to
-        measure exactly that."""
-        check_temperature(temperature)
-        return self._checked_score(sequences, top_k, logprob_start_len, temperature)
 
     def _score(
         self,
