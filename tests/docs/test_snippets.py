@@ -1,7 +1,12 @@
 """Every code block of README.md and docs/*.md runs as written.
 
-Python snippets are executed in the namespace their setup gives (``tests/docs/setups.py``), then
-the setup checks what they did. Shell snippets run line by line, each by its command:
+A Python snippet runs as a user copies it: its set-up blocks (the docs show them, marked
+``<!-- snippet: NAME setup -->``) and then its own code, in a fresh namespace that holds nothing
+but ``__name__``. Its setup in ``tests/docs/setups.py`` may start a server, write files, set
+variables and put a stand-in module in place, and swaps placeholders that the code shows inside
+string literals (a server URL, a model directory) for what stands for them here; it never gives
+the code a name. Then it checks what the snippet did. Shell snippets run line by line, each by
+its command:
 
 - ``distill-guard ...`` runs the CLI for real, in this process (a server it names is a
   reference server on loopback; ``serve-reference`` runs as a child process and must answer
@@ -19,6 +24,7 @@ and any other command fails the test until it is given a runner here.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import io
 import os
@@ -27,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import time
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -36,10 +43,16 @@ from .snippets import ROOT, Snippet, snippets
 
 ALL = snippets()
 UNIQUE = [
-    s for i, s in enumerate(ALL) if (s.setup, s.code) not in {(t.setup, t.code) for t in ALL[:i]}
+    s
+    for i, s in enumerate(ALL)
+    if (s.setup, s.prelude, s.code) not in {(t.setup, t.prelude, t.code) for t in ALL[:i]}
 ]
-"""A snippet shown twice with the same setup (the README and its docs page) runs once."""
+"""A snippet shown twice with the same setup and set-up (the README and its docs page) runs once."""
 BIN = Path(sys.executable).parent
+FRESH = {"__name__": "__snippet__"}
+"""All a Python snippet's namespace holds before its code runs."""
+BUILTINS = frozenset(vars(builtins))
+"""The builtins' names before any setup ran: a setup must not add one (a name for every module)."""
 
 
 def test_the_docs_have_snippets_and_every_python_snippet_names_its_setup():
@@ -54,7 +67,7 @@ def test_the_docs_have_snippets_and_every_python_snippet_names_its_setup():
 def test_snippet_runs_as_written(snip: Snippet, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with contextlib.ExitStack() as stack:
-        ctx = Context(cwd=tmp_path, stack=stack)
+        ctx = Context(cwd=tmp_path, stack=stack, snippet=snip)
         if snip.setup is not None:
             SETUPS[snip.setup](ctx)
         if snip.kind == "python":
@@ -68,13 +81,69 @@ def test_snippet_runs_as_written(snip: Snippet, tmp_path, monkeypatch):
                 _run_command([ctx.substitutions.get(w, w) for w in words], ctx)
 
 
-def _run_python(snip: Snippet, ctx: Context) -> None:
-    code = snip.code
-    for placeholder, value in ctx.substitutions.items():
-        code = code.replace(placeholder, value)
-    ns = {"__name__": "__snippet__", **ctx.namespace}
-    exec(compile(code, snip.id, "exec"), ns)  # noqa: S102 - the documented code, run as written
+def _bare(code: str, substitutions: dict[str, str] | None = None) -> tuple[Snippet, Context]:
+    """A made-up Python snippet and an empty context for it (no setup ran)."""
+    snip = Snippet("made-up.md", 1, "python", None, code)
+    return snip, Context(Path.cwd(), contextlib.ExitStack(), snip, substitutions or {})
+
+
+def test_a_snippet_runs_in_a_namespace_with_nothing_in_it():
+    ns = _run_python(*_bare("seen = sorted(globals())\n"))
+    assert ns["seen"] == ["__builtins__", "__name__"]
+
+
+def test_a_name_the_docs_do_not_define_fails_the_snippet():
+    """The loop's names come from its visible set-up or nowhere: without it, a NameError."""
+    (loop,) = [s for s in UNIQUE if s.setup == "plain-loop"]
+    assert "teacher, student, loader = " in loop.prelude
+    with pytest.raises(NameError, match="'teacher' is not defined"):
+        _run_python(*_bare(loop.code))
+
+
+def test_a_name_sneaked_into_builtins_fails_the_run(monkeypatch):
+    monkeypatch.setattr(builtins, "teacher", object(), raising=False)
+    with pytest.raises(AssertionError, match="added builtins"):
+        _run_python(*_bare("teacher\n"))
+
+
+def test_a_placeholder_is_swapped_only_inside_a_string_literal():
+    ns = _run_python(*_bare('url = "http://host:1"\n', {"http://host:1": "http://127.0.0.1:9"}))
+    assert ns["url"] == "http://127.0.0.1:9"
+    with pytest.raises(AssertionError, match="outside a string"):
+        _run_python(*_bare("DIR = 1\n", {"DIR": "2"}))
+    with pytest.raises(AssertionError, match="would end the literal"):
+        _run_python(*_bare('d = "DIR"\n', {"DIR": 'x" + str(teacher) + "'}))
+
+
+def _run_python(snip: Snippet, ctx: Context) -> dict:
+    """The set-up blocks, then the snippet, in one fresh namespace; then the setup's check."""
+    assert set(vars(builtins)) == BUILTINS, "a setup added builtins: a snippet gets no names"
+    ns = dict(FRESH)
+    assert ns.keys() == {"__name__"}, ns.keys()
+    for part, name in ((snip.prelude, f"{snip.id} set-up"), (snip.code, snip.id)):
+        code = _substituted(part, ctx.substitutions, name)
+        exec(compile(code, name, "exec"), ns)  # noqa: S102 - the documented code, run as written
     ctx.check(ns)
+    return ns
+
+
+def _substituted(code: str, substitutions: dict[str, str], name: str) -> str:
+    """``code`` with each placeholder it shows replaced by its value here. A placeholder stands
+    for a value the user types (a URL, a path): it may stand only inside string literals, and its
+    value must not end that literal."""
+    strings = [
+        t.string
+        for t in tokenize.generate_tokens(io.StringIO(code).readline)
+        if t.type == tokenize.STRING
+    ]
+    for placeholder, value in substitutions.items():
+        if placeholder not in code:
+            continue
+        inside = sum(s.count(placeholder) for s in strings)
+        assert inside == code.count(placeholder), f"{name}: {placeholder!r} outside a string"
+        assert not set("\\'\"\n") & set(value), f"{name}: {value!r} would end the literal"
+        code = code.replace(placeholder, value)
+    return code
 
 
 def _commands(code: str) -> list[list[str]]:
