@@ -1,0 +1,72 @@
+"""What every ``distill-guard`` command shares: the exit codes, :class:`UsageError`, and the
+argparse pieces (a parser that never echoes a key, the global flags, a subcommand with --json)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Callable
+from typing import NoReturn
+
+from distill_guard.errors import GuardError
+
+EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
+EXIT_PIPE = 141
+"""The reader of our stdout went away (``... | head``): 128 + SIGPIPE, as a shell reports it."""
+
+
+class UsageError(GuardError):
+    """Bad input, an unreachable teacher, a missing extra: reported in one line, exit 2."""
+
+
+SECRET_OPTION = re.compile(r"(--[\w-]*(?:key|token|secret|password)[\w-]*)(=|\s+)(?!-)(\S+)")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that never echoes a key: an unknown ``--api-key VALUE`` would otherwise be
+    printed back whole (and no option of ours takes a key value: keys come from the
+    environment, named with ``--api-key-env``)."""
+
+    def error(self, message: str) -> NoReturn:
+        scrubbed = SECRET_OPTION.sub(r"\1\2<redacted>", message)
+        if scrubbed != message:
+            scrubbed += (
+                "; no option takes a key: put it in an environment variable and name that "
+                "variable with --api-key-env"
+            )
+        super().error(scrubbed)
+
+
+def _global_flags() -> argparse.ArgumentParser:
+    """The top-level flags, accepted after the subcommand too (``replay x.jsonl -v``). SUPPRESS:
+    a subcommand that does not see the flag leaves the top-level value alone."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="log the guard's own messages (INFO and above) to stderr",
+    )
+    return p
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    role, sep, name = text.partition("=")
+    if not sep or not role or not name:
+        raise argparse.ArgumentTypeError(f"expected ROLE=NAME, got {text!r}")
+    return role, name
+
+
+def _command(
+    sub: argparse._SubParsersAction, name: str, func: Callable[..., int], summary: str
+) -> argparse.ArgumentParser:
+    """A subcommand that runs ``func(args) -> exit code``, described by ``func``'s docstring,
+    and can print JSON."""
+    description = " ".join((func.__doc__ or summary).split())
+    p = sub.add_parser(
+        name, help=summary, description=description, allow_abbrev=False, parents=[_global_flags()]
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object, not a table")
+    p.set_defaults(func=func)
+    return p
