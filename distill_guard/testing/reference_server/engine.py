@@ -2,13 +2,13 @@
 
 Not SGLang. It holds a :class:`~distill_guard.teachers.TorchTeacher` and answers each native
 endpoint's request as SGLang's engine would, errors included (see ``docs/sglang-contract.md``).
-The HTTP routes are in :mod:`.app`, the serving in :mod:`.serve`.
+The HTTP routes are in :mod:`.app`, the serving in :mod:`.serve`, the request-field checks in
+:mod:`.request_fields`, the refusals in :mod:`.errors`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -16,11 +16,18 @@ from typing import Any
 
 import torch
 
-from distill_guard import __version__
+from distill_guard._version import __version__
 from distill_guard.teachers._sglang_wire import build_score_item, json_safe
 from distill_guard.teachers.base import TeacherError, normalize_tags
 from distill_guard.teachers.capabilities import capabilities_for
 from distill_guard.teachers.torch_teacher import TorchTeacher
+from distill_guard.testing.reference_server.errors import (
+    Busy,
+    ContractError,
+    SchedulerDead,
+    SchedulerKilled,
+)
+from distill_guard.testing.reference_server.request_fields import input_batch, scoring_fields
 
 NO_AUTH_PATHS = frozenset({"/health", "/health_generate", "/ready"})
 ADMIN_PATHS = frozenset(
@@ -35,22 +42,6 @@ ADMIN_PATHS = frozenset(
     }
 )
 """Endpoints that take only ``--admin-api-key`` when the server has one (SGLang ≥ 0.5.6)."""
-
-
-class ContractError(Exception):
-    """A request that breaks the API contract: 400 ``{"error": "<msg>"}`` as SGLang sends it."""
-
-
-class SchedulerDead(Exception):
-    """The emulated scheduler is dead: 503 to everything."""
-
-
-class SchedulerKilled(SchedulerDead):
-    """This request killed the scheduler: the server process goes down (see ``on_fatal``)."""
-
-
-class Busy(Exception):
-    """``/flush_cache`` while requests run: 400 plain text, as SGLang answers."""
 
 
 class ReferenceServer:
@@ -114,37 +105,10 @@ class ReferenceServer:
                 self._state.notify_all()
 
     def _generate(self, body: Any) -> Any:
-        if not isinstance(body, dict):
-            raise ContractError("request body must be a JSON object")
-        ids = body.get("input_ids")
-        if ids is None:
-            if body.get("text") is not None:
-                raise TeacherError("the reference server has no tokenizer: send input_ids")
-            raise ContractError("one of text or input_ids is required")
-        single = isinstance(ids, list) and (len(ids) == 0 or isinstance(ids[0], int))
-        batch = [ids] if single else ids
-        if (
-            not isinstance(batch, list)
-            or not batch
-            or not all(
-                isinstance(s, list) and s and all(isinstance(t, int) for t in s) for s in batch
-            )
-        ):
-            raise ContractError("input_ids must be a non-empty list of ints or of int lists")
+        batch, single = input_batch(body)
         n = len(batch)
         self._check_lengths_and_ids(batch)
-        sampling = _per_item(body.get("sampling_params") or {}, n, "sampling_params")
-        for sp in sampling:
-            if sp is not None and not isinstance(sp, dict):
-                raise ContractError("sampling_params must be an object or a list of objects")
-            _check_temperature((sp or {}).get("temperature"))
-            if (sp or {}).get("max_new_tokens", 128) != 0:
-                raise TeacherError(
-                    "the reference server only scores: set sampling_params.max_new_tokens to 0"
-                )
-        want_lp = _per_item(body.get("return_logprob", False), n, "return_logprob")
-        starts = _ints(body.get("logprob_start_len", -1), n, "logprob_start_len", minimum=-1)
-        topks = _ints(body.get("top_logprobs_num", 0) or 0, n, "top_logprobs_num", minimum=0)
+        want_lp, starts, topks = scoring_fields(body, n)
         t0 = time.perf_counter()
         items: list[dict[str, Any] | None] = [None] * n
         groups: dict[tuple[int, int], list[int]] = {}
@@ -366,38 +330,6 @@ class ReferenceServer:
         }
 
 
-def _check_temperature(value: Any) -> None:
-    """``sampling_params.temperature`` checked as SGLang checks it, and otherwise ignored.
-
-    SGLang refuses a non-number in its contract check (400 ``{"error": "invalid type: ..."}``) and
-    a negative or non-finite one in ``SamplingParams.verify`` (400 ``{"error": {"message": ...}}``).
-    It accepts any other value, and its input (prefill) logprobs are computed at T = 1 whatever
-    the value (``docs/sglang-contract.md`` §1.8): so are this server's, the teacher's own
-    ``log_softmax`` of its logits.
-    """
-    if value is None:  # SGLang reads null as its default, 1.0
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ContractError(f"invalid type: {_unexpected(value)}, expected f64")
-    if not math.isfinite(value) or value < 0:
-        raise TeacherError(f"temperature must be a non-negative finite number, got {float(value)}.")
-
-
-def _unexpected(value: Any) -> str:
-    """How SGLang's contract check names a JSON value of the wrong type (serde's wording)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return f"boolean `{'true' if value else 'false'}`"
-    if isinstance(value, str):
-        return f'string "{value}"'
-    if isinstance(value, list):
-        return "sequence"
-    if isinstance(value, dict):
-        return "map"
-    return type(value).__name__
-
-
 def _empty() -> torch.Tensor:
     return torch.empty(0)
 
@@ -407,20 +339,3 @@ def _strip_logprobs(item: dict[str, Any]) -> dict[str, Any]:
     for key in [k for k in meta if "logprobs" in k]:
         del meta[key]
     return item
-
-
-def _per_item(value: Any, n: int, name: str) -> list[Any]:
-    if isinstance(value, list):
-        if len(value) != n:
-            raise ContractError(f"{name} has {len(value)} entries for {n} inputs")
-        return value
-    return [value] * n
-
-
-def _ints(value: Any, n: int, name: str, *, minimum: int) -> list[int]:
-    """Per-item integer fields, refused as a contract violation (400) when not integers."""
-    items = _per_item(value, n, name)
-    for v in items:
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < minimum):
-            raise ContractError(f"{name} must be an integer >= {minimum}, got {v!r}")
-    return items
