@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import multiprocessing
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -31,6 +32,32 @@ torch.set_num_threads(1)
 QWEN3_V = 151936
 """Qwen3's vocabulary: the V of the failed run (docs/invariants.md §1)."""
 LN_QWEN3_V = math.log(QWEN3_V)
+
+
+FORKSERVER_PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "distill_guard",
+    "distill_guard.consensus",
+    "distill_guard.integrations.relax",
+    "distill_guard.teachers.sglang_http",
+    "transformers",
+    "transformers.models.qwen3.modeling_qwen3",
+)
+"""What the fork server imports once, so its children need not (torch alone is ~2 s of CPU)."""
+
+
+@pytest.fixture(scope="session")
+def forkserver() -> multiprocessing.context.BaseContext:
+    """A multiprocessing context for tests that run real processes (gloo ranks): each child is a
+    new process, forked from one server that imported :data:`FORKSERVER_PRELOAD` once, instead of
+    a spawned interpreter that imports torch and the package again (2–4 s a child on this 2-core
+    box, where the tests' scenarios take well under a second). A child starts from the server's
+    state: nothing of the test process, and the environment the server started with, so a test
+    whose children read variables passes them explicitly."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+    return ctx
 
 
 @pytest.fixture(autouse=True)

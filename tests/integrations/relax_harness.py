@@ -293,9 +293,20 @@ def save_checkpoint(args: Any, rollout_id: int, model: Any, optimizer: Any, sche
 
 
 def trainer_rank(
-    rank: int, line: str, gates: tuple[str, ...], out: Path, url: str, port: int, steps: int
+    rank: int,
+    line: str,
+    gates: tuple[str, ...],
+    out: Path,
+    url: str,
+    port: int,
+    steps: int,
+    env: dict[str, str],
 ) -> None:
-    """One trainer rank: stages 8, 9 and 1 for every step, as Relax's actor runs them."""
+    """One trainer rank: stages 8, 9 and 1 for every step, as Relax's actor runs them. ``env`` is
+    the driver's environment when it launched the ranks (``RELAX_PROPAGATE_ENV_VARS``): a child
+    forked from a fork server would otherwise hold the server's."""
+    os.environ.clear()
+    os.environ.update(env)
     os.environ["HARNESS_OUT"] = str(out)
     torch.set_num_threads(1)
     dist.init_process_group(
@@ -401,9 +412,12 @@ def run(
     steps: int = STEPS,
     gates: tuple[str, ...] | None = None,
     env: dict[str, str] | None = None,
+    context: Any = None,
 ) -> dict[str, Any]:
     """One run of ``steps`` rollouts with ``gates`` wired (the line's own when None, none when
-    not ``guarded``); what each trainer rank consumed, and the events."""
+    not ``guarded``); what each trainer rank consumed, and the events. The trainer ranks are new
+    processes of the multiprocessing ``context`` (spawn when None; the tests pass a fork server
+    that imported torch and the package once, which saves each rank that import)."""
     gates = (default_gates(line) if gates is None else gates) if guarded else ()
     name = "-".join([line, *gates, on_dead, "backup" if backup else "nobackup"])
     out = tmp / name
@@ -435,10 +449,13 @@ def run(
             launch = SGLangHTTPTeacher(url)
             launch.release()  # create_managed_opd_teacher_manager: offloaded right after launch
             launch.close()
-            ctx = mp.get_context("spawn")
+            ctx = context if context is not None else mp.get_context("spawn")
             port = free_port()
+            launch_env = dict(os.environ)
             ranks = [
-                ctx.Process(target=trainer_rank, args=(r, line, gates, out, url, port, steps))
+                ctx.Process(
+                    target=trainer_rank, args=(r, line, gates, out, url, port, steps, launch_env)
+                )
                 for r in range(RANKS)
             ]
             for p in ranks:

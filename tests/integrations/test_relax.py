@@ -6,6 +6,7 @@ gloo trainer ranks, with the teacher slept and woken by Relax's own handle over 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import math
@@ -43,6 +44,13 @@ def teacher_dir(tmp_path_factory):
         embed_std=0.3,
         max_positions=128,  # above the 64-token canary: SGLang refuses an input at its context length
     )
+
+
+@pytest.fixture()
+def relax_run(tmp_path, teacher_dir, forkserver):
+    """``harness.run`` under ``tmp_path`` on the module's teacher, its trainer ranks forked from
+    the session's fork server (new processes, without re-importing torch in each)."""
+    return functools.partial(harness.run, tmp_path, teacher_dir, context=forkserver)
 
 
 @dataclass
@@ -293,9 +301,9 @@ def test_trainer_gate_reads_the_verdict_and_halts_after_a_checkpoint(tmp_path):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("line", ["studio", pytest.param("sdpo", marks=pytest.mark.slow)])
-def test_without_the_guard_every_update_trains_on_the_dead_teacher(tmp_path, teacher_dir, line):
+def test_without_the_guard_every_update_trains_on_the_dead_teacher(relax_run, line):
     """The failure, reproduced in Relax's order: the harness can tell a poisoned update."""
-    got = harness.totals(harness.run(tmp_path, teacher_dir, line=line, backup=False, guarded=False))
+    got = harness.totals(relax_run(line=line, backup=False, guarded=False))
     steps = harness.STEPS * harness.RANKS
     assert got == {
         "poisoned_consumed": harness.STEPS * harness.GROUPS * harness.PER_GROUP,
@@ -307,10 +315,8 @@ def test_without_the_guard_every_update_trains_on_the_dead_teacher(tmp_path, tea
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("line", ["studio", "sdpo"])
-def test_halt_mode_stops_every_rank_at_the_first_dead_wake_with_a_checkpoint(
-    tmp_path, teacher_dir, line
-):
-    result = harness.run(tmp_path, teacher_dir, line=line, backup=False)
+def test_halt_mode_stops_every_rank_at_the_first_dead_wake_with_a_checkpoint(relax_run, line):
+    result = relax_run(line=line, backup=False)
     got = harness.totals(result)
     assert got["poisoned_consumed"] == 0 and got["updates"] == 0  # no update at all
     for rank in result["ranks"]:
@@ -329,10 +335,8 @@ def test_halt_mode_stops_every_rank_at_the_first_dead_wake_with_a_checkpoint(
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("line", ["studio", "sdpo"])
-def test_repair_mode_follows_every_resume_and_trains_only_on_verified_values(
-    tmp_path, teacher_dir, line
-):
-    result = harness.run(tmp_path, teacher_dir, line=line, backup=False, on_dead="repair")
+def test_repair_mode_follows_every_resume_and_trains_only_on_verified_values(relax_run, line):
+    result = relax_run(line=line, backup=False, on_dead="repair")
     got = harness.totals(result)
     assert got == {
         "poisoned_consumed": 0,
@@ -351,9 +355,9 @@ def test_repair_mode_follows_every_resume_and_trains_only_on_verified_values(
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("line", ["studio", pytest.param("sdpo", marks=pytest.mark.slow)])
-def test_healthy_run_is_silent_and_its_data_unchanged(tmp_path, teacher_dir, line):
-    guarded = harness.run(tmp_path, teacher_dir, line=line, backup=True)
-    plain = harness.run(tmp_path, teacher_dir, line=line, backup=True, guarded=False)
+def test_healthy_run_is_silent_and_its_data_unchanged(relax_run, line):
+    guarded = relax_run(line=line, backup=True)
+    plain = relax_run(line=line, backup=True, guarded=False)
     assert harness.totals(guarded)["updates"] == harness.STEPS * harness.RANKS
     loud = [e for e in guarded["events"] if e.get("severity") in ("warn", "critical")]
     assert loud == [] and not [e for e in guarded["events"] if e["kind"] in ("alert", "halt")]
@@ -364,12 +368,10 @@ def test_healthy_run_is_silent_and_its_data_unchanged(tmp_path, teacher_dir, lin
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_slime_and_miles_order_the_log_hook_before_conversion_so_it_alone_protects_nothing(
-    tmp_path, teacher_dir
+    relax_run,
 ):
     """slime/miles: the log hook runs before the teacher's values reach the samples."""
-    result = harness.run(
-        tmp_path, teacher_dir, line="slime", backup=False, gates=("log", "train_step")
-    )
+    result = relax_run(line="slime", backup=False, gates=("log", "train_step"))
     got = harness.totals(result)
     assert got["poisoned_updates"] == harness.STEPS * harness.RANKS and got["poisoned_consumed"] > 0
     assert result["metrics"][0]["guard/dead_samples"] == 0.0  # nothing to judge at that point
@@ -377,8 +379,8 @@ def test_slime_and_miles_order_the_log_hook_before_conversion_so_it_alone_protec
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("on_dead", ["halt", "repair"])
-def test_slime_and_miles_are_protected_by_the_post_process_gate(tmp_path, teacher_dir, on_dead):
-    result = harness.run(tmp_path, teacher_dir, line="slime", backup=False, on_dead=on_dead)
+def test_slime_and_miles_are_protected_by_the_post_process_gate(relax_run, on_dead):
+    result = relax_run(line="slime", backup=False, on_dead=on_dead)
     got = harness.totals(result)
     assert got["poisoned_consumed"] == 0 and got["poisoned_updates"] == 0
     if on_dead == "halt":
