@@ -52,18 +52,17 @@ class _Rows:
         return joined if joined.shape[0] == rows else None
 
 
-@dataclass
 class StepBuffer:
     """Collects per micro-batch, hands one :class:`StepScores` per step (:meth:`joined`)."""
 
-    topk: _Rows = field(default_factory=_Rows)
-    topk_ids: _Rows = field(default_factory=_Rows)
-    samples: _Rows = field(default_factory=_Rows)
-    token: _Rows = field(default_factory=_Rows)
-    token_ids: _Rows = field(default_factory=_Rows)
-    losses: list[torch.Tensor] = field(default_factory=list)
-    entropy: list[torch.Tensor] = field(default_factory=list)
-    """``[sum, count]`` of the student's entropy per micro-batch (one host transfer at take)."""
+    def __init__(self) -> None:
+        self.topk, self.topk_ids, self.samples = _Rows(), _Rows(), _Rows()
+        """Top-k rows, their ids and their samples: one row per position."""
+        self.token, self.token_ids = _Rows(), _Rows()
+        """Sampled-token logprobs and the tokens: one entry per position."""
+        self.losses: list[torch.Tensor] = []
+        self.entropy: list[torch.Tensor] = []
+        """``[sum, count]`` of the student's entropy per micro-batch (one host transfer when joined)."""
 
     @property
     def topk_width(self) -> int | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from distill_guard.errors import GuardValueError
-from distill_guard.kernels.shared import _as_rows, _block_update, tl, triton
+from distill_guard.kernels.shared import _as_rows, _block_update, _row_and_width, tl, triton
 
 MODE_JSD, MODE_FORWARD_KL, MODE_REVERSE_KL = 0, 1, 2
 STATS_ROWS = 7
@@ -14,6 +14,17 @@ STATS_ROWS = 7
 STAT_LSE_S, STAT_LSE_T, STAT_H_S, STAT_H_T, STAT_TOP1_T, STAT_LOSS, STAT_AUX = range(7)
 STATS_BLOCK, STATS_NUM_WARPS = 2048, 4
 PASS_BLOCK, PASS_NUM_WARPS = 2048, 8
+
+
+@triton.jit
+def _block_log2_probs(s_base, t_base, start, n_cols, c, lse_s, lse_t, BLOCK: tl.constexpr):
+    """Columns ``start + [0, BLOCK)`` of both rows as log₂-probabilities ``x·c − lse₂``
+    (−inf past the row's end), with the columns and their mask."""
+    cols = start + tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(s_base + cols, mask=mask, other=float("-inf")).to(tl.float32)
+    y = tl.load(t_base + cols, mask=mask, other=float("-inf")).to(tl.float32)
+    return cols, mask, x * c - lse_s, y * c - lse_t
 
 
 @triton.jit
@@ -48,16 +59,10 @@ def _loss_stats_kernel(
     MODE: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
-    n_eff = n_cols
-    if HAS_VALID:
-        n_eff = tl.where(tl.load(valid_ptr + row) != 0, n_cols, 0)  # masked rows read nothing
+    row, n_eff = _row_and_width(valid_ptr, n_cols, HAS_VALID)  # masked rows read nothing
     s_base = s_ptr + row * stride_s
     t_base = t_ptr + row * stride_t
-    ms = float("-inf")
-    mt = float("-inf")
-    ss = 0.0
-    st = 0.0
+    ms, mt, ss, st = float("-inf"), float("-inf"), 0.0, 0.0  # running maxima and sums
     ws = 0.0  # Σ e^(x - ms)·x, rescaled like ss
     wt = 0.0
     wc = 0.0  # the cross term of a KL end: Σ p_t·x (forward) or Σ p_s·y (reverse), unnormalised
@@ -109,10 +114,7 @@ def _jsd_given_lse_kernel(
     FAST_LOG: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
-    n_eff = n_cols
-    if HAS_VALID:
-        n_eff = tl.where(tl.load(valid_ptr + row) != 0, n_cols, 0)
+    row, n_eff = _row_and_width(valid_ptr, n_cols, HAS_VALID)
     s_base = s_ptr + row * stride_s
     t_base = t_ptr + row * stride_t
     # in log2 units throughout: x·c − lse₂ is log₂ p, one FMA per element
@@ -122,12 +124,9 @@ def _jsd_given_lse_kernel(
     acc_s = tl.zeros([BLOCK], tl.float32)
     acc_t = tl.zeros([BLOCK], tl.float32)
     for start in range(0, n_eff, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        mask = cols < n_cols
-        x = tl.load(s_base + cols, mask=mask, other=float("-inf")).to(tl.float32)
-        y = tl.load(t_base + cols, mask=mask, other=float("-inf")).to(tl.float32)
-        ls = x * c - lse_s
-        lt = y * c - lse_t
+        cols, mask, ls, lt = _block_log2_probs(
+            s_base, t_base, start, n_cols, c, lse_s, lse_t, BLOCK
+        )
         ps = tl.exp2(ls)
         pt = tl.exp2(lt)
         lm = _log2((1.0 - beta) * ps + beta * pt, FAST_LOG)  # the mixture, in probability space
@@ -169,12 +168,9 @@ def _loss_grad_kernel(
     lse_t = tl.load(lse_t_ptr + row) * 1.4426950408889634
     aux = tl.load(aux_ptr + row)
     for start in range(0, n_eff, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        mask = cols < n_cols
-        x = tl.load(s_base + cols, mask=mask, other=float("-inf")).to(tl.float32)
-        y = tl.load(t_base + cols, mask=mask, other=float("-inf")).to(tl.float32)
-        ls = x * c - lse_s
-        lt = y * c - lse_t
+        cols, mask, ls, lt = _block_log2_probs(
+            s_base, t_base, start, n_cols, c, lse_s, lse_t, BLOCK
+        )
         ps = tl.exp2(ls)
         if MODE == 0:  # ∂JSD/∂x = (1−β)·p_s·(ls − lm − KL(s‖m)); (1−β)/τ is in w
             lm = _log2((1.0 - beta) * ps + beta * tl.exp2(lt), FAST_LOG)

@@ -26,6 +26,16 @@ def _block_update(m, s, x):
     return m_new, s * alpha + tl.sum(p, axis=0), alpha, p
 
 
+@triton.jit
+def _row_and_width(valid_ptr, n_cols, HAS_VALID: tl.constexpr):
+    """This program's row, and how many of its columns it reads: none for a masked row."""
+    row = tl.program_id(0).to(tl.int64)
+    n_eff = n_cols
+    if HAS_VALID:
+        n_eff = tl.where(tl.load(valid_ptr + row) != 0, n_cols, 0)
+    return row, n_eff
+
+
 def _as_rows(x: torch.Tensor) -> torch.Tensor:
     x = x.reshape(-1, x.shape[-1])
     return x if x.stride(-1) == 1 else x.contiguous()

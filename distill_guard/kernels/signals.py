@@ -35,10 +35,7 @@ def _jsd_kernel(s_ptr, t_ptr, out_ptr, n_cols, stride_s, stride_t, beta, BLOCK: 
     row = tl.program_id(0).to(tl.int64)
     s_base = s_ptr + row * stride_s
     t_base = t_ptr + row * stride_t
-    ms = float("-inf")
-    mt = float("-inf")
-    ss = 0.0
-    st = 0.0
+    ms, mt, ss, st = float("-inf"), float("-inf"), 0.0, 0.0  # running maxima and sums
     for start in range(0, n_cols, BLOCK):  # pass 1: both log-normalisers
         cols = start + tl.arange(0, BLOCK)
         mask = cols < n_cols
