@@ -111,22 +111,53 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # ---------------------------------------------------------------------------------- launch
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, start_method: str = "spawn") -> int:
     """Under torchrun run this rank; otherwise spawn ``--nproc`` ranks on 127.0.0.1.
 
     Exit code 0 when every rank took the same decisions at every step, else 1.
+    ``start_method`` starts those ranks (the tests pass ``forkserver``: a server that imported
+    torch once forks them, instead of each importing it again).
     """
     args = parse_args(argv)
     os.environ.update(NO_MULTICAST)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         _exit_without_teardown(worker(args))
     (args.out / "summary.json").unlink(missing_ok=True)
-    mp.spawn(_spawned, args=(args, free_port()), nprocs=args.nproc, join=True)
+    mp.start_processes(
+        _spawned,
+        args=(args, free_port(), LauncherStreams()),
+        nprocs=args.nproc,
+        join=True,
+        start_method=start_method,
+    )
     summary = json.loads((args.out / "summary.json").read_text())
     return 0 if summary["agreed"] else 1
 
 
-def _spawned(rank: int, args: argparse.Namespace, port: int) -> None:
+class LauncherStreams:
+    """The launcher's stdout and stderr, handed to each rank as it starts: a spawned rank
+    inherits them anyway, a fork server's child would otherwise write to the server's."""
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:  # runs while the rank is being started
+        from multiprocessing.reduction import DupFd
+
+        return (_RankStreams, (DupFd(1), DupFd(2)))
+
+
+class _RankStreams:
+    def __init__(self, out: Any, err: Any) -> None:
+        self.fds = (out.detach(), err.detach())
+
+    def attach(self) -> None:
+        for fd, target in zip(self.fds, (1, 2)):
+            if fd != target:  # the same descriptor when spawned
+                os.dup2(fd, target)
+                os.close(fd)
+
+
+def _spawned(rank: int, args: argparse.Namespace, port: int, streams: _RankStreams) -> None:
+    streams.attach()
+    os.environ.update(NO_MULTICAST)  # a fork server's child has the server's environment
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),

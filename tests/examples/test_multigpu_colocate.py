@@ -19,8 +19,13 @@ SMALL = ["--device", "cpu", "--vocab-size", "512", "--batch-size", "2", "--gen-l
 SMALL += ["--timeout-s", "50", "--consensus-timeout-s", "20"]
 
 
-def _run(tmp_path: Path, *extra: str) -> tuple[int, list[dict]]:
-    rc = run.main([*SMALL, "--out", str(tmp_path), *extra])
+def _main(forkserver, *argv: str) -> int:
+    """``run.main``, its 2 ranks forked from the session's fork server (not 2 fresh imports)."""
+    return run.main([*SMALL, *argv], start_method=forkserver.get_start_method())
+
+
+def _run(forkserver, tmp_path: Path, *extra: str) -> tuple[int, list[dict]]:
+    rc = _main(forkserver, "--out", str(tmp_path), *extra)
     mode = "no_guard" if "--no-guard" in extra else "guard"
     ranks = [json.loads((tmp_path / mode / f"rank{r}.json").read_text()) for r in (0, 1)]
     return rc, ranks
@@ -37,8 +42,10 @@ def _events(rank: dict) -> list[dict]:
 
 
 @pytest.mark.timeout(60)
-def test_repair_policy_repairs_the_faulty_rank_at_every_wake_and_both_train_on(tmp_path, capfd):
-    rc, (r0, r1) = _run(tmp_path, "--faulty-rank", "1", "--steps", "3")
+def test_repair_policy_repairs_the_faulty_rank_at_every_wake_and_both_train_on(
+    tmp_path, capfd, forkserver
+):
+    rc, (r0, r1) = _run(forkserver, tmp_path, "--faulty-rank", "1", "--steps", "3")
     assert rc == 0
     assert _actions(r0) == _actions(r1)
     assert [a["wake"] for a in _actions(r0)] == ["rewake"] * 3
@@ -58,8 +65,10 @@ def test_repair_policy_repairs_the_faulty_rank_at_every_wake_and_both_train_on(t
 
 
 @pytest.mark.timeout(60)
-def test_halt_policy_halts_both_ranks_at_the_same_step_with_a_checkpoint(tmp_path):
-    rc, (r0, r1) = _run(tmp_path, "--faulty-rank", "1", "--steps", "3", "--policy", "halt")
+def test_halt_policy_halts_both_ranks_at_the_same_step_with_a_checkpoint(tmp_path, forkserver):
+    rc, (r0, r1) = _run(
+        forkserver, tmp_path, "--faulty-rank", "1", "--steps", "3", "--policy", "halt"
+    )
     assert rc == 0
     assert _actions(r0) == _actions(r1) == [{"wake": "halt"}]
     assert r0["halted_step"] == r1["halted_step"] == 0
@@ -77,8 +86,10 @@ def test_halt_policy_halts_both_ranks_at_the_same_step_with_a_checkpoint(tmp_pat
 
 
 @pytest.mark.timeout(60)
-def test_healthy_ranks_see_nothing_and_compare_prints_the_step_time_ratio(tmp_path, capfd):
-    rc = run.main([*SMALL, "--out", str(tmp_path), "--steps", "3", "--compare"])
+def test_healthy_ranks_see_nothing_and_compare_prints_the_step_time_ratio(
+    tmp_path, capfd, forkserver
+):
+    rc = _main(forkserver, "--out", str(tmp_path), "--steps", "3", "--compare")
     assert rc == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert set(summary["modes"]) == {"guard", "no_guard"} and summary["step_time_ratio"]["mean"] > 0
