@@ -292,6 +292,27 @@ def save_checkpoint(args: Any, rollout_id: int, model: Any, optimizer: Any, sche
     torch.save({"model": model[0].state_dict(), "rollout_id": rollout_id}, path)
 
 
+class DriverStreams:
+    """The driver's stdout and stderr, handed to a rank as it starts (a spawned rank inherits
+    them anyway): a rank's traceback lands in the test's captured output."""
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:  # runs while the rank is being started
+        from multiprocessing.reduction import DupFd
+
+        return (_RankStreams, (DupFd(1), DupFd(2)))
+
+
+class _RankStreams:
+    def __init__(self, out: Any, err: Any) -> None:
+        self.fds = (out.detach(), err.detach())
+
+    def attach(self) -> None:
+        for fd, target in zip(self.fds, (1, 2)):
+            if fd != target:  # the same descriptor when spawned
+                os.dup2(fd, target)
+                os.close(fd)
+
+
 def trainer_rank(
     rank: int,
     line: str,
@@ -301,10 +322,13 @@ def trainer_rank(
     port: int,
     steps: int,
     env: dict[str, str],
+    streams: _RankStreams,
 ) -> None:
     """One trainer rank: stages 8, 9 and 1 for every step, as Relax's actor runs them. ``env`` is
-    the driver's environment when it launched the ranks (``RELAX_PROPAGATE_ENV_VARS``): a child
-    forked from a fork server would otherwise hold the server's."""
+    the driver's environment when it launched the ranks (``RELAX_PROPAGATE_ENV_VARS``) and
+    ``streams`` its stdout and stderr: a child forked from a fork server would otherwise hold the
+    server's."""
+    streams.attach()
     os.environ.clear()
     os.environ.update(env)
     os.environ["HARNESS_OUT"] = str(out)
@@ -454,7 +478,8 @@ def run(
             launch_env = dict(os.environ)
             ranks = [
                 ctx.Process(
-                    target=trainer_rank, args=(r, line, gates, out, url, port, steps, launch_env)
+                    target=trainer_rank,
+                    args=(r, line, gates, out, url, port, steps, launch_env, DriverStreams()),
                 )
                 for r in range(RANKS)
             ]
