@@ -1,4 +1,5 @@
-"""How a stage's findings become the decision every rank carries out.
+"""How a stage's findings become the decision every rank carries out (and the record, at the
+first, that the guard is watching).
 
 One path for every hook of :class:`~distill_guard.guard.DistillGuard`: the policy's word on this
 rank's findings, agreed by all ranks (:mod:`distill_guard.consensus`), cut to what can be done
@@ -12,7 +13,9 @@ import dataclasses
 import logging
 from typing import TYPE_CHECKING
 
+from distill_guard.events import attach_record
 from distill_guard.findings import Finding, internal_error
+from distill_guard.live.canary import Canary
 from distill_guard.policy import Action, Decision, Halt, feasible
 from distill_guard.stages import Stage
 
@@ -20,6 +23,36 @@ if TYPE_CHECKING:
     from distill_guard.guard import DistillGuard
 
 log = logging.getLogger("distill_guard")
+
+
+def announce(guard: DistillGuard) -> None:
+    """Write the ``attached`` record (the run's spec, policy, checks, canary and sinks; never a
+    secret) and say at INFO that the guard is watching, and how."""
+    spec = guard.canary if guard.canary is not None else guard.canary_spec
+    teacher = guard.teacher
+    if teacher is not None:
+        kind: str | None = type(teacher).__name__
+    else:
+        kind = "module" if guard.module_canary is not None else None
+    record = attach_record(
+        preset=guard.preset,
+        checks=guard.checks,
+        policy=guard.policy,
+        run=guard.run,
+        canary=spec.check if isinstance(spec, Canary) else spec,
+        sinks=guard.alerter.describe() if guard.alerter.rank == 0 else [],
+        rank=guard.rank,
+        teacher=kind,
+    )
+    guard.events.write("attached", **record)
+    log.info(
+        "distill_guard: attached on rank %d (%s, %d checks%s); alerts to %s",
+        guard.rank,
+        f"preset {guard.preset}" if guard.preset else "custom configuration",
+        len(guard.checks),
+        ", monitor only" if guard.policy.monitor_only else "",
+        ", ".join(["log", *(s["sink"] for s in record["alert_sinks"])]),
+    )
 
 
 def safe_decision(stage: Stage, step: int, exc: Exception) -> Decision:

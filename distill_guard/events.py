@@ -10,6 +10,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,7 +19,7 @@ from distill_guard.errors import GuardValueError
 from distill_guard.findings import _jsonable
 
 if TYPE_CHECKING:
-    from distill_guard.guard import DistillGuard
+    pass
 
 log = logging.getLogger("distill_guard")
 
@@ -109,29 +110,32 @@ class EventLog:
             )
 
 
-def attach_record(guard: DistillGuard) -> dict[str, Any]:
+def attach_record(
+    *,
+    preset: str | None,
+    checks: Sequence[Any],
+    policy: Any,
+    run: Any,
+    canary: Any,
+    sinks: Sequence[Mapping[str, Any]],
+    rank: int,
+    teacher: str | None,
+) -> dict[str, Any]:
     """The payload of the ``attached`` event: enough to tell, from the file alone, that a guard
-    watched this run and with which bounds. The alert sinks are as they describe themselves
-    (never a secret), on rank 0 only (the only rank that sends)."""
+    watched this run and with which bounds. ``sinks`` are the alert sinks as they describe
+    themselves (never a secret)."""
     from distill_guard._version import __version__
-    from distill_guard.live.canary import Canary
 
-    spec = guard.canary if guard.canary is not None else guard.canary_spec
-    teacher = guard.teacher
-    if teacher is not None:
-        kind: str | None = type(teacher).__name__
-    else:
-        kind = "module" if guard.module_canary is not None else None
     return {
         "version": __version__,
-        "preset": guard.preset,
-        "rank": guard.rank,
-        "teacher": kind,
-        "run": _config(guard.run),
-        "policy": _config(guard.policy),
-        "checks": {getattr(c, "name", type(c).__name__): _config(c) for c in guard.checks},
-        "canary": _config(spec.check if isinstance(spec, Canary) else spec),
-        "alert_sinks": list(guard.alerter.describe()) if guard.alerter.rank == 0 else [],
+        "preset": preset,
+        "rank": rank,
+        "teacher": teacher,
+        "run": _config(run),
+        "policy": _config(policy),
+        "checks": {getattr(c, "name", type(c).__name__): _config(c) for c in checks},
+        "canary": _config(canary),
+        "alert_sinks": list(sinks),
     }
 
 

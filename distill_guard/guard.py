@@ -24,11 +24,11 @@ from typing import Any
 import torch
 
 from distill_guard.alerts import Alerter, decision_alert
-from distill_guard.carry_out import decide, safe_decision
+from distill_guard.carry_out import announce, decide, safe_decision
 from distill_guard.checks import Check, default_checks
 from distill_guard.checks.base import CHECK_HOOKS
 from distill_guard.checks.canary import CanaryCheck
-from distill_guard.events import EventLog, attach_record
+from distill_guard.events import EventLog
 from distill_guard.findings import TEACHER_FAULTS, Code, Finding, internal_error
 from distill_guard.live.canary import Canary
 from distill_guard.live.colocate import ColocatedTeacher
@@ -357,21 +357,9 @@ class DistillGuard:
             return
         self._attached = True
         try:
-            self._write_attached()
+            announce(self)
         except Exception:  # noqa: BLE001 - a record must not cost the run its step
             log.exception("distill_guard: writing the attach record raised")
-
-    def _write_attached(self) -> None:
-        record = attach_record(self)
-        self.events.write("attached", **record)
-        log.info(
-            "distill_guard: attached on rank %d (%s, %d checks%s); alerts to %s",
-            self.rank,
-            f"preset {self.preset}" if self.preset else "custom configuration",
-            len(self.checks),
-            ", monitor only" if self.policy.monitor_only else "",
-            ", ".join(["log", *(s["sink"] for s in record["alert_sinks"])]),
-        )
 
     def _note_evidence(self, step: int, findings: list[Finding]) -> None:
         """What the teacher's own evidence (its canary, then its scores) says of this step; the
