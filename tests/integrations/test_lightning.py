@@ -20,7 +20,6 @@ from distill_guard.losses import distill_loss  # noqa: E402
 from ._tiny import (  # noqa: E402
     VOCAB,
     events,
-    garble,
     jsd,
     kill,
     loud,
@@ -98,8 +97,15 @@ def fit(tmp_path, *, collapse_at=None, overrides=(), poison=kill, logger=False, 
         fused_loss=fused,
     )
     killer = Killer(collapse_at, poison)
-    trainer = pl.Trainer(
-        max_steps=MAX_STEPS,
+    trainer = cpu_trainer(tmp_path, [killer, cb], logger=logger)
+    trainer.fit(module)
+    return trainer, module, cb, killer, start, ev
+
+
+def cpu_trainer(root, callbacks, *, max_steps=MAX_STEPS, logger=False) -> pl.Trainer:
+    """One CPU process, no checkpoints of its own (only the guard's halt checkpoint)."""
+    return pl.Trainer(
+        max_steps=max_steps,
         accelerator="cpu",
         devices=1,
         logger=logger,
@@ -107,11 +113,9 @@ def fit(tmp_path, *, collapse_at=None, overrides=(), poison=kill, logger=False, 
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        default_root_dir=str(tmp_path),
-        callbacks=[killer, cb],
+        default_root_dir=str(root),
+        callbacks=callbacks,
     )
-    trainer.fit(module)
-    return trainer, module, cb, killer, start, ev
 
 
 def test_uniform_teacher_mid_run_is_caught_before_the_update_then_halts(tmp_path):
@@ -131,15 +135,6 @@ def test_uniform_teacher_mid_run_is_caught_before_the_update_then_halts(tmp_path
     assert any(e["kind"] == "checkpoint" and e["path"] == str(ckpt) for e in log)
 
 
-def test_garbage_teacher_mid_run_is_caught_by_the_canary_before_the_update(tmp_path):
-    """Noise at each weight's own scale: not uniform, so only the canary on the watched teacher
-    module tells. No update is taken on it."""
-    trainer, module, cb, killer, _, _ = fit(tmp_path, collapse_at=COLLAPSE_AT, poison=garble)
-    assert same(killer.before, params(module.student))
-    assert cb.guard.summary.first == {"teacher.fingerprint_mismatch": COLLAPSE_AT}
-    assert cb.guard.halt.step == COLLAPSE_AT + 2
-
-
 def test_halt_policy_stops_at_the_first_poisoned_step(tmp_path):
     trainer, module, cb, killer, _, _ = fit(
         tmp_path, collapse_at=COLLAPSE_AT, overrides=["policy.critical_action=HALT"]
@@ -147,19 +142,6 @@ def test_halt_policy_stops_at_the_first_poisoned_step(tmp_path):
     assert cb.guard.halt.step == COLLAPSE_AT
     assert trainer.global_step == COLLAPSE_AT + 1
     assert same(killer.before, params(module.student))
-
-
-def test_healthy_run_finishes_untouched_and_quiet(tmp_path, caplog, recwarn):
-    caplog.set_level(logging.INFO, logger="distill_guard")
-    trainer, module, cb, _, start, ev = fit(tmp_path)  # logger=False: the guard/* go nowhere
-    guard_warnings = [str(w.message) for w in recwarn if "guard" in str(w.message)]
-    assert guard_warnings == []  # Lightning warns at every self.log(logger=True) without one
-    assert trainer.global_step == MAX_STEPS and not cb.guard.halted
-    assert cb.step_guard.skipped_updates == 0 and cb.halt_checkpoint is None
-    assert not same(start, params(module.student))
-    assert not (tmp_path / "checkpoints").exists()
-    assert [e for e in events(ev) if e.get("severity") in ("warn", "critical")] == []
-    assert loud(caplog.records) == []
 
 
 def test_state_dict_round_trip():

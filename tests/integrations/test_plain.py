@@ -16,11 +16,8 @@ from tests.docs.snippets import snippet
 from ._tiny import (
     VOCAB,
     UpdateLedger,
-    garble,
     jsd,
     kill,
-    params,
-    same,
     student_of,
     tiny_qwen3,
     token_batches,
@@ -165,11 +162,12 @@ def test_hidden_states_are_judged_through_the_teachers_head():
 def test_healthy_loop_is_untouched():
     teacher = tiny_qwen3()
     student = student_of(teacher)
-    before = params(student)
+    ledger = UpdateLedger(student, teacher)
     opt = torch.optim.AdamW(student.parameters(), lr=1e-3)
     sg = StepGuard("default", ["alerts.use_wandb=false"])
     rows = token_rows(16)
     for step in range(4):
+        ledger.begin(step)
         ids = torch.tensor([r["input_ids"] for r in rows[step * 4 : step * 4 + 4]])
         with torch.no_grad():
             t = teacher(input_ids=ids).logits
@@ -179,51 +177,10 @@ def test_healthy_loop_is_untouched():
         assert sg.before_update(step)
         opt.step()
         opt.zero_grad()
+        ledger.end(skipped=False)
         assert sg.after_update(step, {"loss": loss.item()}).action.value == "continue"
-    assert not same(before, params(student)) and sg.guard.summary.count == {}
+    assert ledger.changed == dict.fromkeys(range(4), True) and sg.guard.summary.count == {}
     assert sg.guard.run.vocab_size == VOCAB
-
-
-def plain_run(tmp_path, poison=None, at=6, steps=12, lr=1e-3):
-    """The README loop with a ledger of which updates changed the student."""
-    teacher = tiny_qwen3()
-    student = student_of(teacher)
-    batches = token_batches(steps)
-    ledger = UpdateLedger(student, teacher, at=at if poison else None, poison=poison)
-    sg = StepGuard("default", [f"events_path={tmp_path / 'guard.jsonl'}"], teacher=teacher)
-    optimizer = torch.optim.AdamW(student.parameters(), lr=lr)
-    for step, batch in enumerate(batches):
-        ledger.begin(step)
-        with torch.no_grad():
-            t_logits = teacher(**batch).logits
-        sg.observe_teacher_logits(t_logits, mask=batch["attention_mask"])
-        loss = jsd(student(**batch).logits, t_logits, batch["attention_mask"])
-        loss.backward()
-        applied = sg.optimizer_step(optimizer, step)
-        ledger.end(not applied)
-        sg.after_update(step, {"loss": loss.item()})
-        if sg.halted:
-            break
-    sg.guard.close()
-    return sg, ledger
-
-
-@pytest.mark.parametrize("poison", [kill, garble], ids=["zeroed", "garbage"])
-def test_a_teacher_whose_weights_turn_bad_mid_run_trains_nothing(tmp_path, poison):
-    """Garbage weights (noise at each tensor's own scale) look like a teacher: not uniform,
-    finite, peaked. The canary on the teacher module catches them before the update."""
-    sg, ledger = plain_run(tmp_path, poison=poison)
-    assert ledger.poisoned == []
-    assert all(ledger.changed[s] for s in range(6))  # healthy steps trained
-    assert sg.halted  # skip, skip, halt: nothing can reload an in-process module
-    first = min(sg.guard.summary.first.values())
-    assert first == 6
-
-
-def test_a_healthy_plain_run_with_the_canary_says_nothing(tmp_path):
-    sg, ledger = plain_run(tmp_path)
-    assert sg.guard.summary.count == {} and not sg.halted
-    assert all(ledger.changed.values())
 
 
 def ema_run(rate: float, steps: int = 8):

@@ -17,14 +17,15 @@ A *poisoned update* is an optimizer step at or after the teacher went bad (step 
 it stays bad) after which the student's parameters differ from their snapshot at
 ``on_step_begin``: an update taken on the bad teacher's scores (:class:`_tiny.UpdateLedger`).
 
-The garbage and divergence scenarios also run on the stand-in ``TinyGKDTrainer`` of
-test_transformers.py (a plain ``transformers.Trainer``), which needs no TRL.
+The divergence scenario also runs on the stand-in ``TinyGKDTrainer`` of test_transformers.py
+(a plain ``transformers.Trainer``), which needs no TRL. The dead-teacher scenarios (zeroed or
+garbage mid-run, the halt's checkpoint, the resume) run on every adapter in
+``tests/integrations/conformance/``, through :func:`run`.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +49,6 @@ from ._tiny import (  # noqa: E402
     UpdateLedger,
     chat_rows,
     events,
-    garble,
     kill,
     loud,
     student_of,
@@ -161,12 +161,15 @@ def run(
     max_steps=MAX_STEPS,
     overrides=(),
     spy: list | None = None,
+    guard_state: dict | None = None,
+    resume_from: Path | None = None,
 ) -> Run:
     """Train the tiny student for ``max_steps`` with the guard; ``poison(teacher)`` at step ``at``.
 
     ``flavour``: ``trl`` (GKDTrainer), ``trl_fused`` (GKDTrainer with
     ``distill_guard_fused_loss``), ``distillation`` (``trl.DistillationTrainer``) or
-    ``stand_in`` (test_transformers.py's plain-Trainer GKD)."""
+    ``stand_in`` (test_transformers.py's plain-Trainer GKD). A resume as docs/integrations.md
+    shows it: ``guard_state`` loaded without its halt, the Trainer resumed from ``resume_from``."""
     teacher = tiny_qwen3(seed=0)
     student = student_of(teacher)
     ev = tmp_path / "events.jsonl"
@@ -188,6 +191,8 @@ def run(
             return judge(step, **scores)
 
         callback.guard.on_teacher_scores = recording
+    if guard_state is not None:  # the references and counts, not the halt
+        callback.guard.load_state_dict(guard_state, keep_halt=False)
     ledger = UpdateLedger(student, teacher, at=at if poison else None, poison=poison)
     callbacks = [Ledger(ledger, callback), callback]
     common = dict(
@@ -257,7 +262,7 @@ def run(
             teacher_model=teacher,
             callbacks=callbacks,
         )
-    trainer.train()
+    trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     return Run(trainer, callback, ledger, ev, tmp_path / "out")
 
 
@@ -271,10 +276,6 @@ def flavour(request):
     if request.param == "trl":
         pytest.importorskip("trl.experimental.gkd")
     return request.param
-
-
-def _garbage(teacher):
-    garble(teacher, seed=7)
 
 
 # ---------------------------------------------------------------------- TRL's two trainers
@@ -334,42 +335,7 @@ def test_healthy_teacher_every_update_applied_and_quiet(tmp_path, caplog, trl_tr
         assert max(r.losses) < 0.3 * math.log(2)
 
 
-def test_zeroed_teacher_mid_run_takes_no_update_then_halts(tmp_path, trl_trainer):
-    """A zeroed teacher from step ``POISON_AT``: no update on it (each is dropped before the
-    optimizer), a halt after 3 critical steps, and a checkpoint numbered by ``global_step``,
-    which counts the dropped updates too (docs/integrations.md, "Checkpoints after a halt")."""
-    r = run(tmp_path, trl_trainer, poison=kill)
-    assert r.ledger.poisoned == [], r.story()
-    first = [f for f in r.findings if f["code"] == "teacher.uniform"]
-    assert first and first[0]["step"] == POISON_AT and first[0]["severity"] == "critical"
-    assert not [f for f in r.findings if f["step"] < POISON_AT], r.story()
-    # default policy: no teacher to reload, so skip; 3 consecutive critical steps halt
-    halt_step = POISON_AT + 2
-    assert r.callback.guard.halted and r.callback.guard.halt.step == halt_step, r.story()
-    assert r.trainer.state.global_step == halt_step + 1 < MAX_STEPS
-    ckpt = r.out / f"checkpoint-{halt_step + 1}"
-    assert (ckpt / "trainer_state.json").exists() and (ckpt / GUARD_STATE_FILE).exists()
-    # checkpoint-N: N optimizer steps were taken, of which POISON_AT moved the student
-    saved = json.loads((ckpt / "trainer_state.json").read_text())
-    assert saved["global_step"] == halt_step + 1
-    assert sum(r.ledger.changed.values()) == POISON_AT, r.story()
-    assert r.callback.step_guard.skipped_updates == halt_step + 1 - POISON_AT
-
-
 # ---------------------------------------------------------------------- both trainers
-
-
-def test_garbage_teacher_mid_run_takes_no_update(tmp_path, flavour):
-    """Garbage weights (each tensor's mean and std kept) are peaked and finite: the teacher's
-    statistics look healthy, so only comparing the teacher with its own earlier outputs (a canary
-    forwarded on a fixed sequence each optimizer step) can catch it."""
-    r = run(tmp_path, flavour, poison=_garbage)
-    assert r.ledger.poisoned == [], (
-        f"{len(r.ledger.poisoned)} poisoned update(s) at steps {r.ledger.poisoned}\n{r.story()}"
-    )
-    teacher = [f for f in r.findings if f["code"].startswith("teacher.")]
-    assert teacher and teacher[0]["step"] == POISON_AT, r.story()
-    assert not [f for f in r.findings if f["step"] < POISON_AT], r.story()
 
 
 def test_diverging_student_is_not_blamed_on_the_teacher(tmp_path, flavour):
