@@ -214,6 +214,16 @@ def run_one_arm(cfg: DictConfig, name: str, ctx: dict[str, Any]) -> tuple[dict, 
     return summary, trace
 
 
+def pretrain_config(cfg: DictConfig) -> PretrainConfig:
+    """The warm-up ``run`` trains (or finds cached under ``out_dir/pretrain``) for ``cfg``."""
+    defaults = PretrainConfig(data=DataConfig(**cfg.data.synthetic))
+    return dataclasses.replace(
+        defaults,
+        teacher=dataclasses.replace(defaults.teacher, steps=cfg.pretrain.teacher_steps),
+        student=dataclasses.replace(defaults.student, steps=cfg.pretrain.student_steps),
+    )
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
     fault = check_fault(cfg.fault)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per teacher request
@@ -225,13 +235,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     data_cfg = DataConfig(**cfg.data.synthetic)
     start = time.perf_counter()
     log.info("pretraining teacher and student (cached in %s)", out / "pretrain")
-    defaults = PretrainConfig(data=data_cfg)
-    pre_cfg = dataclasses.replace(
-        defaults,
-        teacher=dataclasses.replace(defaults.teacher, steps=cfg.pretrain.teacher_steps),
-        student=dataclasses.replace(defaults.student, steps=cfg.pretrain.student_steps),
-    )
-    teacher_dir, student_dir = pretrain(out / "pretrain", pre_cfg)
+    teacher_dir, student_dir = pretrain(out / "pretrain", pretrain_config(cfg), threads=cfg.threads)
     log.info("pretraining done in %.0f s", time.perf_counter() - start)
     train, eval_items = build_dataset(data_cfg)
     ctx = {

@@ -16,19 +16,30 @@ from distill_guard.summary import GUARD_METRICS, VERDICT_SKIP
 from distill_guard.testing.servers import reference_teacher
 from examples.sdpo_sciknoweval import app, run_arm
 from examples.sdpo_sciknoweval.arms import ArmSpec
+from examples.sdpo_sciknoweval.pretrain import pretrain
 from examples.sdpo_sciknoweval.summary import format_table
 
 CONF = Path(__file__).resolve().parents[3] / "conf"
 
 
 def compose_demo(overrides: list[str]):
+    """The demo's config with ``overrides``, on one torch thread (the tests share the cores)."""
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name="sdpo_sciknoweval", overrides=overrides)
+        return compose(config_name="sdpo_sciknoweval", overrides=["threads=1", *overrides])
+
+
+def pretrain_ahead(folder: str | Path) -> None:
+    """Train the demo config's teacher and student into ``folder``, as ``app.run`` would (the
+    ``demo_pretrain`` fixture runs this in a background process, see conftest.py)."""
+    pretrain(folder, app.pretrain_config(compose_demo([])), threads=1)
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory) -> tuple[dict, Path]:
+def demo(tmp_path_factory, demo_pretrain) -> tuple[dict, Path]:
+    """The whole app, shortened, once per module; its warm-up found in the cache (``app.run``
+    trains the same models when the cache is missing: the hash says so)."""
     out = tmp_path_factory.mktemp("demo")
+    (out / "pretrain").symlink_to(demo_pretrain, target_is_directory=True)
     cfg = compose_demo(
         [
             f"out_dir={out}",
@@ -117,13 +128,16 @@ def test_an_unknown_arm_is_refused():
 @pytest.fixture()
 def run_short(demo, tmp_path, monkeypatch):
     """``app.run`` on the module's pretrained models (no second pretraining), shortened, without
-    the greedy evaluations and the plot: what is asserted is the bookkeeping's."""
+    the greedy evaluations and the plot: what is asserted is the bookkeeping's. 4 prompts a step:
+    over HTTP a ``student_topk`` step ships the teacher's log-probs over the whole vocabulary
+    (V = 4096) at every response position as JSON, ~0.25 s a prompt here; the count of poisoned
+    updates does not depend on how many prompts an update had."""
     monkeypatch.setattr(run_arm, "evaluate", lambda *args, **kwargs: 0.0)
     monkeypatch.setattr(app, "plot_timeline", lambda *args, **kwargs: None)
     (tmp_path / "pretrain").symlink_to(demo[1] / "pretrain", target_is_directory=True)
 
     def go(*overrides: str, steps: int = 2) -> dict:
-        base = [f"out_dir={tmp_path}", f"arm.steps={steps}", "arm.batch_size=16"]
+        base = [f"out_dir={tmp_path}", f"arm.steps={steps}", "arm.batch_size=4"]
         base += [f"arm.eval_every={steps}", "wandb.mode=disabled"]
         return app.run(compose_demo([*base, *overrides]))["arms"]
 

@@ -1,0 +1,76 @@
+"""The demo tests' one expensive piece, the teacher and student warm-up (~30 s of CPU), trained
+ahead by a background process that starts as soon as the session knows it will run them.
+
+The rest of the session keeps one core busy on this 2-core box; the warm-up takes the other
+meanwhile (one torch thread), so by the time the demo tests run, ``app.run`` finds the models in
+its cache (``pretrain/``, keyed by the hash of the config, the vocabulary and the items) instead
+of training them. The models are the ones ``make demo``'s config trains (``app.pretrain_config``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+AHEAD = pytest.StashKey[tuple[Path, subprocess.Popen]]()
+WAIT_S = 240
+"""How long the first demo test waits for the warm-up (it takes ~30 s alone, ~2 min on a loaded box)."""
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if not any("demo_pretrain" in getattr(item, "fixturenames", ()) for item in session.items):
+        return
+    out = Path(tempfile.mkdtemp(prefix="demo_pretrain_"))
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    code = (
+        "import sys\n"
+        "from examples.sdpo_sciknoweval.tests.test_app import pretrain_ahead\n"
+        "pretrain_ahead(sys.argv[1])\n"
+    )
+    with (out / "pretrain.log").open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, str(out / "pretrain")],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    session.config.stash[AHEAD] = (out, proc)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    ahead = config.stash.get(AHEAD, None)
+    if ahead is None:
+        return
+    out, proc = ahead
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    shutil.rmtree(out, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def demo_pretrain(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``make demo``'s pretrained teacher and student, a ``pretrain/`` folder for ``app.run``'s
+    cache; shared read-only (a run with the same config only reads it)."""
+    ahead = request.config.stash.get(AHEAD, None)
+    if ahead is None:  # not started at collection: train here
+        from examples.sdpo_sciknoweval.tests.test_app import pretrain_ahead
+
+        folder = tmp_path_factory.mktemp("demo_pretrain") / "pretrain"
+        pretrain_ahead(folder)
+        return folder
+    out, proc = ahead
+    rc = proc.wait(timeout=WAIT_S)
+    assert rc == 0, (out / "pretrain.log").read_text()[-4000:]
+    return out / "pretrain"
