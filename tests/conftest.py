@@ -6,6 +6,7 @@ import csv
 import json
 import math
 import multiprocessing
+import multiprocessing.forkserver
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -47,6 +48,20 @@ FORKSERVER_PRELOAD = (
 """What the fork server imports once, so its children need not (torch alone is ~2 s of CPU)."""
 
 
+def _forkserver_context() -> multiprocessing.context.BaseContext:
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+    return ctx
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the fork server once the session knows a selected test needs it: its imports (~5 s
+    of CPU) run on the other core while the first tests run, not in the first test that forks."""
+    if any("forkserver" in getattr(item, "fixturenames", ()) for item in session.items):
+        _forkserver_context()
+        multiprocessing.forkserver.ensure_running()
+
+
 @pytest.fixture(scope="session")
 def forkserver() -> multiprocessing.context.BaseContext:
     """A multiprocessing context for tests that run real processes (gloo ranks): each child is a
@@ -55,9 +70,7 @@ def forkserver() -> multiprocessing.context.BaseContext:
     box, where the tests' scenarios take well under a second). A child starts from the server's
     state: nothing of the test process, and the environment the server started with, so a test
     whose children read variables passes them explicitly."""
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
-    return ctx
+    return _forkserver_context()
 
 
 @pytest.fixture(autouse=True)
