@@ -114,6 +114,8 @@ class DistillGuard:
         self.module_canary: ModuleCanary | None = None
         """The canary of an in-process teacher module (:meth:`watch_module_teacher`)."""
         self._evidence: tuple[int, bool] | None = None
+        self._module_canary_state: dict[str, Any] | None = None
+        """A loaded module canary's state, kept for a teacher module watched after the load."""
         self._attached = self._closed = False
         if teacher is not None:
             self.attach_teacher(teacher)
@@ -157,6 +159,8 @@ class DistillGuard:
             spec.check if isinstance(spec, Canary) else spec,
             vocab_size=self.run.vocab_size,
         )
+        if self._module_canary_state is not None:  # a resumed run's reference, saved before
+            self.module_canary.load_state_dict(self._module_canary_state)
         return self.module_canary
 
     # ------------------------------------------------------------------ lifecycle hooks
@@ -304,8 +308,9 @@ class DistillGuard:
             self.run = RunSpec(**state["run"])
         if self.colocated is not None:
             self.colocated.load_state_dict(dict(state))
-        if self.module_canary is not None and "module_canary" in state:
-            self.module_canary.load_state_dict(state["module_canary"])
+        self._module_canary_state = state.get("module_canary")
+        if self.module_canary is not None and self._module_canary_state is not None:
+            self.module_canary.load_state_dict(self._module_canary_state)
 
     def close(self) -> None:
         """Deliver pending alerts, write the ``closed`` record (the run's summary), and flush

@@ -136,20 +136,10 @@ def test_resume_from_the_halt_on_a_fixed_teacher_finds_nothing_new(driver, halte
     assert [e["step"] for e in lifted] == [halted.halt_step], lifted
 
 
-LOST_REFERENCE = {"transformers", "trl_gkd", "trl_distillation"}
-"""Adapters whose resume, done as docs/integrations.md shows it (``load_state_dict`` before
-``trainer.train``), drops the state's canary reference: the mixin attaches the module canary
-only at the first training ``compute_loss``, and ``DistillGuard.load_state_dict`` ignores
-``module_canary`` while there is none. A package bug, reported; not fixed here."""
-
-
-def test_resume_onto_a_teacher_still_dead_is_caught_at_its_first_step(
-    driver, halted, tmp_path, request
-):
-    if driver.name in LOST_REFERENCE:
-        request.applymarker(
-            pytest.mark.xfail(strict=True, reason="the resumed guard loses its canary reference")
-        )
+def test_resume_onto_a_teacher_still_dead_is_caught_at_its_first_step(driver, halted, tmp_path):
+    """The canary's reference comes back with the state, also where the adapter watches the
+    teacher only once training starts (the HF mixin): a teacher still garbage after the resume
+    is caught at its first step, before any update."""
     r = driver.resume(tmp_path, halted, poison=garble)
     first = halted.host_steps if driver.resumes_where_halted else 0
     assert r.poisoned == [] and not any(r.moved.values()), r.story()

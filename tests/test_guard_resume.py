@@ -1,0 +1,27 @@
+"""A resumed guard keeps its module canary's reference even when the teacher is watched after
+the state was loaded (the transformers mixin attaches the canary at the first training step)."""
+
+from __future__ import annotations
+
+import torch
+
+from distill_guard.testing.standins import student_of, tiny_random_qwen3
+
+
+def test_a_canary_watched_after_load_state_dict_keeps_the_saved_reference(make_guard):
+    teacher = tiny_random_qwen3()
+    saved = make_guard()
+    saved.watch_module_teacher(teacher)
+    assert saved.on_teacher_scores(0).action.value == "continue"  # its reference, healthy
+    state = saved.state_dict()
+
+    broken = student_of(teacher)  # another model where the teacher was: not the reference
+    with torch.no_grad():
+        for p in broken.parameters():
+            p.add_(torch.randn_like(p) * p.std().clamp_min(1e-3))
+    resumed = make_guard()
+    resumed.load_state_dict(state)
+    resumed.watch_module_teacher(broken)  # watched after the load, as the HF mixin does
+    decision = resumed.on_teacher_scores(1)
+    assert decision.acts, decision.message
+    assert "teacher.fingerprint_mismatch" in {f.code for f in decision.reasons}
