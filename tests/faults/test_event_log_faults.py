@@ -5,9 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
@@ -17,33 +15,72 @@ from distill_guard.events import EventLog, read_events
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX limits and signals")
 
 
-def _python(code: str, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(code), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+class Writer:
+    """``target(*args)`` in a process of its own, forked from the session's fork server (which
+    imported the package: no 2 s import per writer), stdout and stderr to files."""
+
+    def __init__(self, forkserver, tmp_path, name, target, *args):
+        self.out, self.err = tmp_path / f"{name}.out", tmp_path / f"{name}.err"
+        self.proc = forkserver.Process(
+            target=_redirected, args=(str(self.out), str(self.err), target, args)
+        )
+        self.proc.start()
+
+    def communicate(self, timeout):
+        """Wait for the exit; ``(stdout, stderr)``."""
+        self.proc.join(timeout)
+        if self.proc.exitcode is None:
+            self.proc.kill()
+            self.proc.join()
+            raise TimeoutError(f"writer still running after {timeout} s")
+        return self.out.read_text(), self.err.read_text()
+
+    @property
+    def returncode(self):
+        return self.proc.exitcode
 
 
-def test_a_full_disk_keeps_every_complete_event_and_reports_the_loss(tmp_path):
+def _redirected(out: str, err: str, target, args) -> None:
+    for path, fd in ((out, 1), (err, 2)):
+        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(f, fd)
+        os.close(f)
+    try:
+        target(*args)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+def _fill_a_small_disk(path: str, limit: int) -> None:
+    import resource
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    log = EventLog(path)
+    for step in range(200):
+        log.write("finding", step=step, note="x" * 150)
+    log.close()
+    print(log.lost)
+
+
+def _write_until_killed(path: str) -> None:
+    log = EventLog(path)
+    for step in range(10**7):
+        log.write("finding", step=step, note="y" * 500)
+
+
+def _write_alongside(path: str, name: str) -> None:
+    log = EventLog(path)
+    for step in range(200):
+        log.write("finding", writer=name, step=step, note=name * 20_000)
+    log.close()
+
+
+def test_a_full_disk_keeps_every_complete_event_and_reports_the_loss(tmp_path, forkserver):
     path = tmp_path / "events.jsonl"
     limit = 10_000  # bytes: RLIMIT_FSIZE stands in for a full disk (EFBIG like ENOSPC)
-    writer = _python(
-        """
-        import resource, signal, sys
-        from distill_guard.events import EventLog
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[2]), int(sys.argv[2])))
-        log = EventLog(sys.argv[1])
-        for step in range(200):
-            log.write("finding", step=step, note="x" * 150)
-        log.close()
-        print(log.lost)
-        """,
-        str(path),
-        str(limit),
-    )
+    writer = Writer(forkserver, tmp_path, "writer", _fill_a_small_disk, str(path), limit)
     out, err = writer.communicate(timeout=60)
     assert writer.returncode == 0, err  # nothing raised into the "trainer"
     events = read_events(path)  # a torn last line is left out, the rest is read
@@ -54,18 +91,9 @@ def test_a_full_disk_keeps_every_complete_event_and_reports_the_loss(tmp_path):
     assert "File too large" in err  # the first write error is named
 
 
-def test_a_writer_killed_mid_run_leaves_every_complete_event_readable(tmp_path):
+def test_a_writer_killed_mid_run_leaves_every_complete_event_readable(tmp_path, forkserver):
     path = tmp_path / "events.jsonl"
-    writer = _python(
-        """
-        import sys
-        from distill_guard.events import EventLog
-        log = EventLog(sys.argv[1])
-        for step in range(10**7):
-            log.write("finding", step=step, note="y" * 500)
-        """,
-        str(path),
-    )
+    writer = Writer(forkserver, tmp_path, "writer", _write_until_killed, str(path))
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -73,24 +101,19 @@ def test_a_writer_killed_mid_run_leaves_every_complete_event_readable(tmp_path):
                 break
             time.sleep(0.02)
     finally:
-        writer.send_signal(signal.SIGKILL)
-        writer.wait(timeout=30)
+        writer.proc.kill()  # SIGKILL
+        writer.proc.join(timeout=30)
+    assert writer.returncode == -signal.SIGKILL
     events = read_events(path)
     assert len(events) > 100
     assert [e["step"] for e in events] == list(range(len(events)))
 
 
-def test_concurrent_writers_never_interleave_within_a_line(tmp_path):
+def test_concurrent_writers_never_interleave_within_a_line(tmp_path, forkserver):
     path = tmp_path / "events.jsonl"
-    code = """
-        import sys
-        from distill_guard.events import EventLog
-        log = EventLog(sys.argv[1])
-        for step in range(200):
-            log.write("finding", writer=sys.argv[2], step=step, note=sys.argv[2] * 20_000)
-        log.close()
-        """
-    writers = [_python(code, str(path), name) for name in ("a", "b")]
+    writers = [
+        Writer(forkserver, tmp_path, name, _write_alongside, str(path), name) for name in "ab"
+    ]
     for w in writers:
         _, err = w.communicate(timeout=120)
         assert w.returncode == 0, err
