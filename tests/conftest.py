@@ -58,6 +58,8 @@ def _forkserver_context() -> multiprocessing.context.BaseContext:
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start the fork server once the session knows a selected test needs it: its imports (~5 s
     of CPU) run on the other core while the first tests run, not in the first test that forks."""
+    if session.config.option.collectonly:
+        return
     if any("forkserver" in getattr(item, "fixturenames", ()) for item in session.items):
         _forkserver_context()
         multiprocessing.forkserver.ensure_running()

@@ -248,7 +248,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "reference": TorchTeacher.from_pretrained(teacher_dir, enable_memory_saver=False),
         "train": train,
         "eval_items": eval_items,
-        "arm_cfg": ArmConfig(**OmegaConf.to_container(cfg.arm), seed=cfg.seed),
+        "arm_cfg": ArmConfig(**OmegaConf.to_container(cfg.arm), seed=cfg.seed, threads=cfg.threads),
     }
     summaries, traces = {}, {}
     for name in cfg.arms:

@@ -69,6 +69,8 @@ class ArmConfig:
     token_selection: str = "student_topk"
     eval_every: int = 5
     seed: int = 0
+    threads: int = 2
+    """torch's intra-op threads while the arm runs (the demo is sized for 2 cores)."""
 
     def __post_init__(self):
         if self.token_selection not in ("student_topk", "teacher_topk"):
@@ -218,7 +220,7 @@ def run_arm(
     ``sleep(step)`` after each update (where a colocated trainer wakes and sleeps its teacher);
     ``check`` may veto an update (see :data:`Check`); ``on_step`` sees each finished record.
     """
-    torch.set_num_threads(2)
+    torch.set_num_threads(cfg.threads)
     generator = torch.Generator().manual_seed(cfg.seed)
     optimizer = torch.optim.AdamW(student.parameters(), lr=cfg.lr, weight_decay=0.0)
     warmup = torch.optim.lr_scheduler.LambdaLR(

@@ -24,8 +24,20 @@ WAIT_S = 240
 """How long the first demo test waits for the warm-up (it takes ~30 s alone, ~2 min on a loaded box)."""
 
 
+def _needs_the_warm_up(item: pytest.Item) -> bool:
+    return "demo_pretrain" in getattr(item, "fixturenames", ())
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests on the warm-up models run last (in their order), the rest first: the warm-up
+    trains meanwhile."""
+    items[:] = [i for i in items if not _needs_the_warm_up(i)] + [
+        i for i in items if _needs_the_warm_up(i)
+    ]
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
-    if not any("demo_pretrain" in getattr(item, "fixturenames", ()) for item in session.items):
+    if session.config.option.collectonly or not any(map(_needs_the_warm_up, session.items)):
         return
     out = Path(tempfile.mkdtemp(prefix="demo_pretrain_"))
     env = {

@@ -12,13 +12,13 @@ def test_pretrain_caches_by_config_hash(tmp_path):
         teacher=SFTConfig(TINY, seed=1, steps=2, lr=1e-3, batch_size=4, warmup_steps=1),
         student=SFTConfig(TINY, seed=2, steps=2, lr=1e-3, batch_size=4, warmup_steps=1),
     )
-    teacher_dir, student_dir = pretrain(tmp_path, cfg)
+    teacher_dir, student_dir = pretrain(tmp_path, cfg, threads=1)
     record = json.loads((tmp_path / "pretrain.json").read_text())
     assert {"accuracy", "answer_entropy", "seconds"} <= record["teacher"].keys()
     assert (teacher_dir / "model.safetensors").exists() and (student_dir / "config.json").exists()
     stamp = (teacher_dir / "model.safetensors").stat().st_mtime_ns
-    assert pretrain(tmp_path, cfg) == (teacher_dir, student_dir)
+    assert pretrain(tmp_path, cfg, threads=1) == (teacher_dir, student_dir)
     assert (teacher_dir / "model.safetensors").stat().st_mtime_ns == stamp
     changed = replace(cfg, student=replace(cfg.student, steps=3))
-    pretrain(tmp_path, changed)
+    pretrain(tmp_path, changed, threads=1)
     assert json.loads((tmp_path / "pretrain.json").read_text())["hash"] != record["hash"]

@@ -38,7 +38,7 @@ def test_three_step_smoke(setup, selection, corrupt):
     tok, train, eval_items = setup
     teacher, student = build_model(TINY, tok, seed=1), build_model(TINY, tok, seed=2)
     cfg = ArmConfig(
-        steps=3, batch_size=4, max_new_tokens=4, eval_every=2, token_selection=selection
+        steps=3, batch_size=4, max_new_tokens=4, eval_every=2, token_selection=selection, threads=1
     )
     before = [p.clone() for p in student.parameters()]
     wake = (lambda step: zero_weights(teacher)) if corrupt else None
