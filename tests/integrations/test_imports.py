@@ -28,7 +28,9 @@ PROBES = {
         "from distill_guard.integrations.relax import GuardedGoldenAnswerSDPOFeedback\n"
     ),
     "checks": "import distill_guard.checks",
-    "package_and_teachers": "import distill_guard, distill_guard.teachers, distill_guard.live.colocate",
+    "package_and_teachers": (
+        "import distill_guard, distill_guard.teachers, distill_guard.live.colocate"
+    ),
     "http_teacher": "from distill_guard.teachers import SGLangHTTPTeacher",
     "build_guard": "from distill_guard import build_guard",
 }
