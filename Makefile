@@ -7,6 +7,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TORCH_INDEX_URL ?=
+# Two pytest workers, one file each at a time (module fixtures stay in one process): CI has 2 cores.
+PYTEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile
 
 .PHONY: demo test test-all lint bench install-matrix clean
 
@@ -24,10 +27,10 @@ demo: $(STAMP)
 	$(PY) -m examples.sdpo_sciknoweval.app
 
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m "not slow"
+	$(PYTEST) -m "not slow"
 
 test-all: $(STAMP)  # also the slow end-to-end variants (about 20 s more)
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PYTEST)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

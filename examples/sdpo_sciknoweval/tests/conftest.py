@@ -34,16 +34,21 @@ def _needs_the_warm_up(item: pytest.Item) -> bool:
     return "demo_pretrain" in getattr(item, "fixturenames", ())
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The tests on the warm-up models run last (in their order), the rest first: the warm-up
-    trains meanwhile."""
-    items[:] = [i for i in items if not _needs_the_warm_up(i)] + [
-        i for i in items if _needs_the_warm_up(i)
-    ]
+    trains meanwhile. Under pytest-xdist they go first instead: one worker takes them (and the
+    warm-up) at once while the other workers run the rest."""
+    warm = [i for i in items if _needs_the_warm_up(i)]
+    rest = [i for i in items if not _needs_the_warm_up(i)]
+    items[:] = warm + rest if hasattr(config, "workerinput") else rest + warm
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     if session.config.option.collectonly or not any(map(_needs_the_warm_up, session.items)):
+        return
+    if hasattr(session.config, "workerinput"):
+        # under pytest-xdist every worker collects every test: the worker that runs the demo
+        # tests trains the warm-up itself (demo_pretrain), while the others run the rest
         return
     out = Path(tempfile.mkdtemp(prefix="demo_pretrain_"))
     env = {
