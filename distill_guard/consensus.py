@@ -53,10 +53,6 @@ CONSENSUS_FAILED = Code.CONSENSUS_FAILED
 _NO_STEP = -1
 
 
-def _priority(decision: Decision) -> int:  # temporary: tests/test_consensus.py still imports it
-    return decision.priority
-
-
 def dist_ready() -> bool:
     """True inside an initialised ``torch.distributed`` job of more than one process."""
     return (

@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 
 from distill_guard.alerts import Alerter
 from distill_guard.checks import Check, default_checks
-from distill_guard.consensus import CONSENSUS_FAILED, DistributedReducer, _priority
+from distill_guard.consensus import CONSENSUS_FAILED, DistributedReducer
 from distill_guard.findings import Code, Finding, Severity
 from distill_guard.guard import DistillGuard
 from distill_guard.observations import RunSpec
@@ -429,17 +429,6 @@ def test_single_process_is_a_pass_through():
     reducer = DistributedReducer()
     d = Decision(3, Action.SKIP_BATCH, message="x")
     assert reducer(d) is d and reducer.broken is None
-
-
-def test_priority_orders_actions_then_intentions():
-    cont = Decision(0, Action.CONTINUE)
-    watch = Decision(0, Action.ALERT)
-    would_halt = Decision(0, Action.ALERT, intended=Action.HALT)
-    skip = Decision(0, Action.SKIP_BATCH)
-    halt = Decision(0, Action.HALT)
-    order = [cont, watch, would_halt, skip, halt]
-    assert [_priority(d) for d in order] == sorted(_priority(d) for d in order)
-    assert len({_priority(d) for d in order}) == len(order)
 
 
 def test_gloo_is_available():

@@ -231,3 +231,20 @@ def test_a_step_with_no_hit_at_any_stage_ends_the_run():
     p.decide(2, [])  # a clean step
     p.decide(2, [])
     assert p.decide(3, crit(3)).action is Action.REWAKE  # counting starts again
+
+
+def test_one_order_of_decisions_actions_then_intentions():
+    """Decision.priority is the order the ranks' agreement and StepGuard both use: the action
+    first, then what a monitor-only policy would have done."""
+    from distill_guard.policy import worst
+
+    cont = Decision(0, Action.CONTINUE)
+    watch = Decision(0, Action.ALERT)
+    would_halt = Decision(0, Action.ALERT, intended=Action.HALT)
+    skip = Decision(0, Action.SKIP_BATCH)
+    halt = Decision(0, Action.HALT)
+    order = [cont, watch, would_halt, skip, halt]
+    assert [d.priority for d in order] == sorted(d.priority for d in order)
+    assert len({d.priority for d in order}) == len(order)
+    assert worst(skip, would_halt, cont) is skip and worst(watch, would_halt) is would_halt
+    assert worst(watch, Decision(0, Action.ALERT)) is watch  # the first of equals
