@@ -7,22 +7,16 @@ from dataclasses import dataclass, field
 import torch
 
 from distill_guard.errors import GuardValueError
+from distill_guard.observations import TeacherScores
 
 
 @dataclass
 class StepScores:
     """One optimizer step's teacher scores and raw losses, joined over its micro-batches."""
 
-    topk: torch.Tensor | None = None
-    """Teacher top-k logprobs ``[n, k]`` of every observed position."""
-    topk_ids: torch.Tensor | None = None
-    """Their token ids ``[n, k]``; None unless every micro-batch gave them."""
-    sample_index: torch.Tensor | None = None
-    """Each top-k row's sample ``[n]``, numbered across micro-batches."""
-    token: torch.Tensor | None = None
-    """Teacher logprobs of the sampled tokens ``[m]``."""
-    token_ids: torch.Tensor | None = None
-    """The sampled tokens ``[m]``; None unless every micro-batch gave them."""
+    teacher: TeacherScores
+    """The teacher's logprobs of every observed position (ids and samples where every
+    micro-batch gave them), as :meth:`DistillGuard.on_teacher_scores` takes them."""
     losses: torch.Tensor | None = None
     """Raw micro-batch losses ``[b]``, as computed (before any filter or scaling)."""
     student_entropy: float | None = None
@@ -99,15 +93,19 @@ class StepBuffer:
     def add_entropy(self, total: torch.Tensor, count: torch.Tensor) -> None:
         self.entropy.append(torch.stack([total, count]))
 
-    def joined(self) -> StepScores:
+    def joined(self, step: int) -> StepScores:
         """The step's scores, each view joined over the micro-batches."""
         topk_rows, token_rows = self.topk.count, self.token.count
-        return StepScores(
-            topk=self.topk.joined(topk_rows),
+        teacher = TeacherScores(
+            step,
+            token_logprobs=self.token.joined(token_rows),
+            topk_logprobs=self.topk.joined(topk_rows),
             topk_ids=self.topk_ids.joined(topk_rows),
-            sample_index=self.samples.joined(topk_rows),
-            token=self.token.joined(token_rows),
             token_ids=self.token_ids.joined(token_rows),
+            sample_index=self.samples.joined(topk_rows),
+        )
+        return StepScores(
+            teacher,
             losses=torch.stack(self.losses) if self.losses else None,
             student_entropy=_mean(self.entropy),
         )

@@ -270,15 +270,16 @@ class StepGuard:
         rewake (the scores were taken before the repair), or a halt.
         """
         buffer, self._buffer = self._buffer, StepBuffer()
-        scores = buffer.joined()
+        scores = buffer.joined(step)
         self._feed.step_entropy = scores.student_entropy
+        teacher = scores.teacher
         decision = self.guard.on_teacher_scores(
             step,
-            token_logprobs=scores.token,
-            topk_logprobs=scores.topk,
-            topk_ids=scores.topk_ids,
-            token_ids=scores.token_ids,
-            sample_index=scores.sample_index,
+            token_logprobs=teacher.token_logprobs,
+            topk_logprobs=teacher.topk_logprobs,
+            topk_ids=teacher.topk_ids,
+            token_ids=teacher.token_ids,
+            sample_index=teacher.sample_index,
         )
         if self._feed.loss_judged_before_update:
             metrics: dict[str, float] = {}

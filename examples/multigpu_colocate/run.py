@@ -136,15 +136,18 @@ def main(argv: list[str] | None = None, *, start_method: str = "spawn") -> int:
 
 class LauncherStreams:
     """The launcher's stdout and stderr, handed to each rank as it starts: a spawned rank
-    inherits them anyway, a fork server's child would otherwise write to the server's."""
+    inherits them anyway, a fork server's child would otherwise write to the server's (the
+    tests' Relax harness hands its trainer ranks the driver's the same way)."""
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:  # runs while the rank is being started
         from multiprocessing.reduction import DupFd
 
-        return (_RankStreams, (DupFd(1), DupFd(2)))
+        return (RankStreams, (DupFd(1), DupFd(2)))
 
 
-class _RankStreams:
+class RankStreams:
+    """What a rank receives of :class:`LauncherStreams`: ``attach`` makes them its fd 1 and 2."""
+
     def __init__(self, out: Any, err: Any) -> None:
         self.fds = (out.detach(), err.detach())
 
@@ -155,7 +158,7 @@ class _RankStreams:
                 os.close(fd)
 
 
-def _spawned(rank: int, args: argparse.Namespace, port: int, streams: _RankStreams) -> None:
+def _spawned(rank: int, args: argparse.Namespace, port: int, streams: RankStreams) -> None:
     streams.attach()
     os.environ.update(NO_MULTICAST)  # a fork server's child has the server's environment
     os.environ.update(

@@ -54,6 +54,7 @@ from distill_guard.integrations.relax.setup import GATE_FLAGS, HOOKS
 from distill_guard.teachers import SGLangHTTPTeacher, TorchTeacher
 from distill_guard.testing.reference_server import ReferenceServer, serve_in_thread
 from distill_guard.testing.servers import free_port
+from examples.multigpu_colocate.run import LauncherStreams, RankStreams
 
 VOCAB, PROMPT, RESPONSE, TEACHER_PROMPT = 128, 6, 10, 9
 GROUPS, PER_GROUP, TOP_K, RANKS, STEPS = 3, 2, 4, 2, 2
@@ -292,27 +293,6 @@ def save_checkpoint(args: Any, rollout_id: int, model: Any, optimizer: Any, sche
     torch.save({"model": model[0].state_dict(), "rollout_id": rollout_id}, path)
 
 
-class DriverStreams:
-    """The driver's stdout and stderr, handed to a rank as it starts (a spawned rank inherits
-    them anyway): a rank's traceback lands in the test's captured output."""
-
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:  # runs while the rank is being started
-        from multiprocessing.reduction import DupFd
-
-        return (_RankStreams, (DupFd(1), DupFd(2)))
-
-
-class _RankStreams:
-    def __init__(self, out: Any, err: Any) -> None:
-        self.fds = (out.detach(), err.detach())
-
-    def attach(self) -> None:
-        for fd, target in zip(self.fds, (1, 2)):
-            if fd != target:  # the same descriptor when spawned
-                os.dup2(fd, target)
-                os.close(fd)
-
-
 def trainer_rank(
     rank: int,
     line: str,
@@ -322,7 +302,7 @@ def trainer_rank(
     port: int,
     steps: int,
     env: dict[str, str],
-    streams: _RankStreams,
+    streams: RankStreams,
 ) -> None:
     """One trainer rank: stages 8, 9 and 1 for every step, as Relax's actor runs them. ``env`` is
     the driver's environment when it launched the ranks (``RELAX_PROPAGATE_ENV_VARS``) and
@@ -479,7 +459,7 @@ def run(
             ranks = [
                 ctx.Process(
                     target=trainer_rank,
-                    args=(r, line, gates, out, url, port, steps, launch_env, DriverStreams()),
+                    args=(r, line, gates, out, url, port, steps, launch_env, LauncherStreams()),
                 )
                 for r in range(RANKS)
             ]
