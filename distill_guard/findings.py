@@ -45,6 +45,8 @@ class Code:
     TEACHER_TOKENS_MISMATCH = "teacher.tokens_mismatch"
     TEACHER_POSITION_SHIFT = "teacher.position_shift"
     TEACHER_FINGERPRINT_MISMATCH = "teacher.fingerprint_mismatch"
+    TEACHER_REFERENCE_MISMATCH = "teacher.reference_mismatch"
+    TEACHER_REFERENCE_UNAVAILABLE = "teacher.reference_unavailable"
     TEACHER_UNREACHABLE = "teacher.unreachable"
     TEACHER_REPAIRED = "teacher.repaired"
     TEACHER_REPAIR_FAILED = "teacher.repair_failed"
@@ -56,7 +58,10 @@ class Code:
     STUDENT_ENTROPY_LIMIT = "student.entropy_limit"
     STUDENT_TRUNCATION = "student.truncation"
     STUDENT_DIVERGED = "student.diverged"
+    STUDENT_FOLLOWS_DEAD_TEACHER = "student.follows_dead_teacher"
+    STUDENT_WARMUP_TREND = "student.warmup_trend"
     LOSS_SHIFT = "loss.shift"
+    LOSS_RISE = "loss.rise"
     LOSS_NO_SIGNAL = "loss.no_signal"
     LOSS_TOPK_CLAMP = "loss.topk_clamp"
     STUDENT_TOPK_MASS_FALLING = "student.topk_mass_falling"
@@ -79,6 +84,7 @@ TEACHER_FAULTS = frozenset(
         Code.TEACHER_NEAR_UNIFORM,
         Code.TEACHER_NONFINITE,
         Code.TEACHER_FINGERPRINT_MISMATCH,
+        Code.TEACHER_REFERENCE_MISMATCH,
         Code.TEACHER_REPAIR_FAILED,
     }
 )

@@ -131,6 +131,12 @@ class StepMetrics:
     """The teacher's own evidence for this step: True when its scores (or its canary at wake)
     were checked this step and showed nothing, False when they showed a fault, None when the
     guard saw none. Checks use it to blame the teacher only when its evidence supports it."""
+    open_incident: int | None = None
+    """The step of a teacher-attributed critical finding that nothing could act on (no live
+    teacher to reload, the update already taken) and that is still open: no repair verified
+    and no healthy teacher evidence since. The student-signal checks then apply their follow-up
+    bounds: a student moving the way a dead teacher moves it confirms the incident
+    (``student.follows_dead_teacher``), and the policy halts."""
 
     def get(self, role: str) -> float | None:
         value = self.values.get(role)

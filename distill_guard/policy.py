@@ -35,11 +35,17 @@ TEACHER_ATTRIBUTED = frozenset(
         Code.TEACHER_NEAR_UNIFORM,
         Code.TEACHER_NONFINITE,
         Code.TEACHER_FINGERPRINT_MISMATCH,
+        Code.TEACHER_REFERENCE_MISMATCH,
         Code.LOSS_JSD_CEILING,
         Code.LOSS_REVERSE_KL_SIGNATURE,
     }
 )
 """Critical findings whose cause is the teacher, so reloading the teacher can fix them."""
+
+CONFIRMS_OPEN_INCIDENT = frozenset({Code.STUDENT_FOLLOWS_DEAD_TEACHER})
+"""Critical findings that halt at once: a teacher-attributed critical that nothing could act on,
+confirmed by the student's own signals moving the way a dead teacher moves them. Nothing can
+repair the teacher from where the incident was seen, and every further update trains on it."""
 
 
 @dataclass(frozen=True)
@@ -125,7 +131,8 @@ class Policy:
     A critical finding the teacher can explain asks for ``critical_action`` (a rewake by
     default: reload the teacher, verify it, carry on); other critical findings skip the batch.
     Critical findings on ``halt_after_critical_steps`` consecutive steps halt, whatever the
-    first action was: a repair that does not hold is no repair. Warnings alert, and escalate to
+    first action was: a repair that does not hold is no repair; so does a confirmation of an
+    open incident (:data:`CONFIRMS_OPEN_INCIDENT`), at once. Warnings alert, and escalate to
     ``warn_escalation`` only if ``warn_patience`` is set.
     """
 
@@ -169,7 +176,10 @@ class Policy:
         critical_run = self._critical.observe(step, bool(critical))
         warn_run = self._warn.observe(step, bool(warns))
 
-        if critical and critical_run >= self.halt_after_critical_steps:
+        if any(f.code in CONFIRMS_OPEN_INCIDENT for f in critical):
+            action = Action.HALT
+            why = "an open teacher-attributed critical, confirmed by the student's own signals"
+        elif critical and critical_run >= self.halt_after_critical_steps:
             action = Action.HALT
             why = f"critical findings on {critical_run} consecutive steps"
         elif critical:
