@@ -14,9 +14,9 @@ import logging
 from typing import TYPE_CHECKING
 
 from distill_guard.events import attach_record
-from distill_guard.findings import Finding, internal_error
+from distill_guard.findings import Finding, Severity, internal_error
 from distill_guard.live.canary import Canary
-from distill_guard.policy import Action, Decision, Halt, feasible
+from distill_guard.policy import TEACHER_ATTRIBUTED, Action, Decision, Halt, feasible
 from distill_guard.stages import Stage
 
 if TYPE_CHECKING:
@@ -79,7 +79,10 @@ def decide(guard: DistillGuard, stage: Stage, step: int, findings: list[Finding]
         local = safe_decision(stage, step, exc)
     decision = _reduce(guard, local) if guard.reducer is not None else local
     pending, can_reload = stage.update_pending, guard.colocated is not None
+    wanted = decision
     decision = feasible(decision, update_pending=pending, can_reload=can_reload)
+    if decision.action is Action.ALERT and wanted.acts and _teacher_attributed(wanted):
+        guard.open_unactionable(decision)
     local = feasible(local, update_pending=pending, can_reload=can_reload)
     if decision.action is Action.REWAKE:
         decision = _rewake(guard, stage, decision, local)
@@ -92,6 +95,12 @@ def decide(guard: DistillGuard, stage: Stage, step: int, findings: list[Finding]
         guard.events.write("halt", stage=stage.value, step=step, message=decision.message)
         guard.events.close()
     return decision
+
+
+def _teacher_attributed(decision: Decision) -> bool:
+    return any(
+        f.severity is Severity.CRITICAL and f.code in TEACHER_ATTRIBUTED for f in decision.reasons
+    )
 
 
 def _reduce(guard: DistillGuard, decision: Decision) -> Decision:
@@ -133,6 +142,8 @@ def _repair(guard: DistillGuard, stage: Stage, decision: Decision) -> Decision:
         ),
     )
     guard.record_findings(stage, findings)
+    if carried.repaired:
+        guard.close_incident(decision.step, "the teacher was repaired and verified")
     if carried.repaired and stage is Stage.WAKE:
         # the canary found the fault and the canary passes now: resolved. A fault found in
         # the scores is not proved gone by a canary that passes (one replica of several, a

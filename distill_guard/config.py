@@ -56,7 +56,12 @@ class GuardConfig:
     events_path: str | None = None
     """JSONL event file; None keeps events in the logger only."""
     run: RunSpec = field(default_factory=RunSpec)
-    """Facts of the run: V, the loss and its β and scale."""
+    """Facts of the run: V, the loss and its β and scale, the teacher's temperature."""
+    teacher_reference: str | None = None
+    """Where the teacher's reference from outside the run comes from: a reference file made by
+    ``distill-guard reference``, the teacher's checkpoint directory, or ``auto`` (the
+    teacher's own: the server's ``model_path``, a module's ``name_or_path``). None: the canary
+    trusts the teacher's first fingerprint (``docs/invariants.md`` §6 says when that is safe)."""
     checks: ChecksConfig = field(default_factory=ChecksConfig)
     """Every check's thresholds, and whether it runs."""
     policy: Policy = field(default_factory=Policy)
@@ -136,6 +141,7 @@ def build_guard(
         )
     conf: GuardConfig = OmegaConf.to_object(node)  # type: ignore[assignment]
     kwargs.setdefault("canary", conf.checks.canary)
+    kwargs.setdefault("teacher_reference", conf.teacher_reference)
     kwargs.setdefault("events", conf.events_path)
     kwargs.setdefault("repair_attempts", conf.repair.max_attempts)
     kwargs.setdefault("repair_backoff_s", conf.repair.backoff_s)

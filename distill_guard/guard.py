@@ -34,6 +34,12 @@ from distill_guard.live.canary import Canary
 from distill_guard.live.colocate import ColocatedTeacher
 from distill_guard.live.module_canary import ModuleCanary
 from distill_guard.live.repair import Reloader
+from distill_guard.live.teacher_reference import (
+    TeacherReference,
+    make_reference,
+    module_checkpoint,
+    server_checkpoint,
+)
 from distill_guard.observations import RunSpec, StepMetrics, TeacherScores
 from distill_guard.policy import Decision, Halt, Policy
 from distill_guard.stages import Stage
@@ -70,6 +76,10 @@ class DistillGuard:
         on_finding: called with every finding, info included (metrics export, replay).
         stop_on_halt: after a halt, answer every later hook with the same halt without
             looking; False keeps observing (replay shows what the rest of a run would show).
+        teacher_reference: the teacher's reference from outside the run (a
+            :class:`~distill_guard.live.teacher_reference.TeacherReference`, a reference file,
+            a checkpoint directory or ``auto``), installed in the canary of the teacher the
+            guard is given; None trusts the teacher's first fingerprint.
     """
 
     def __init__(
@@ -89,6 +99,7 @@ class DistillGuard:
         rank: int = 0,
         on_finding: Callable[[Finding], None] | None = None,
         stop_on_halt: bool = True,
+        teacher_reference: TeacherReference | str | os.PathLike[str] | None = None,
     ) -> None:
         self.checks = list(default_checks() if checks is None else checks)
         self.policy = policy if policy is not None else Policy()
@@ -116,6 +127,17 @@ class DistillGuard:
         self._evidence: tuple[int, bool] | None = None
         self._module_canary_state: dict[str, Any] | None = None
         """A loaded module canary's state, kept for a teacher module watched after the load."""
+        self.reference_spec = teacher_reference
+        """Where the teacher's reference comes from (``GuardConfig.teacher_reference``)."""
+        self.reference: TeacherReference | None = (
+            teacher_reference if isinstance(teacher_reference, TeacherReference) else None
+        )
+        """The teacher's reference from outside the run, once made (kept in the state)."""
+        self.open_incident: int | None = None
+        """The step of a teacher-attributed critical nothing could act on, while it is open
+        (:attr:`~distill_guard.observations.StepMetrics.open_incident`)."""
+        self._pending: list[Finding] = []
+        """Findings made outside a hook (a reference that could not be had), said at the next."""
         self._attached = self._closed = False
         if teacher is not None:
             self.attach_teacher(teacher)
@@ -147,21 +169,48 @@ class DistillGuard:
                 v = None
             if v:
                 self.run = dataclasses.replace(self.run, vocab_size=int(v))
+        self._install_reference(self.colocated.canary, lambda: server_checkpoint(teacher))
         return self.colocated
 
-    def watch_module_teacher(self, module: torch.nn.Module) -> ModuleCanary:
+    def watch_module_teacher(
+        self, module: torch.nn.Module, *, temperature: float | None = None
+    ) -> ModuleCanary:
         """Check an in-process teacher module on the canary before each update
         (:meth:`on_teacher_scores`): a teacher whose weights changed is caught even when its
-        scores look like any teacher's (noise at the weights' own scale is not uniform)."""
+        scores look like any teacher's (noise at the weights' own scale is not uniform).
+
+        ``temperature``: the one the trainer consumes the teacher at (TRL GKD's
+        ``temperature``); the run's ``teacher_temperature`` if None. With a reference, a
+        teacher wrong from the start (garbage, another checkpoint or temperature, a copy of the
+        student) is caught at the first step."""
         spec = self.canary_spec
         self.module_canary = ModuleCanary(
             module,
             spec.check if isinstance(spec, Canary) else spec,
             vocab_size=self.run.vocab_size,
+            temperature=temperature if temperature is not None else self.run.teacher_temperature,
         )
         if self._module_canary_state is not None:  # a resumed run's reference, saved before
             self.module_canary.load_state_dict(self._module_canary_state)
+        self._install_reference(self.module_canary.canary, lambda: module_checkpoint(module))
         return self.module_canary
+
+    def _install_reference(self, canary: Canary, own_checkpoint: Callable[[], str | None]) -> None:
+        """Give ``canary`` the teacher's reference from outside the run, making it first if
+        needed; a reference that cannot be had is a finding (said at the next hook), and the
+        canary goes on against the fingerprint."""
+        if self.reference is None and self.reference_spec is not None:
+            self.reference, unavailable = make_reference(
+                self.reference_spec,
+                canary.check,
+                temperature=self.run.teacher_temperature,
+                own_checkpoint=own_checkpoint,
+            )
+            if unavailable is not None:
+                self._pending.append(unavailable)
+            self.reference_spec = None  # made or said once; the state keeps the reference
+        if self.reference is not None:
+            canary.use_reference(self.reference)
 
     # ------------------------------------------------------------------ lifecycle hooks
 
@@ -239,7 +288,8 @@ class DistillGuard:
         values = {k: v for k, v in metrics.items() if v is not None}
         evidence = self._evidence[1] if self._evidence and self._evidence[0] == step else None
         stage = Stage.STEP_METRICS_BEFORE_UPDATE if before_update else Stage.STEP_METRICS
-        findings = self._run_checks(stage, StepMetrics(step, values, evidence))
+        observed = StepMetrics(step, values, evidence, open_incident=self.open_incident)
+        findings = self._run_checks(stage, observed)
         return self._conclude(stage, step, findings)
 
     # ------------------------------------------------------------------ state
@@ -284,6 +334,9 @@ class DistillGuard:
             state |= self.colocated.state_dict()
         if self.module_canary is not None:
             state["module_canary"] = self.module_canary.state_dict()
+        if self.reference is not None:
+            state["teacher_reference"] = self.reference.to_dict()
+        state["open_incident"] = self.open_incident
         return state
 
     def load_state_dict(self, state: Mapping[str, Any], *, keep_halt: bool = True) -> None:
@@ -306,11 +359,18 @@ class DistillGuard:
             )
         if "run" in state:
             self.run = RunSpec(**state["run"])
+        self.open_incident = state.get("open_incident")
+        if state.get("teacher_reference"):  # the reference the run was judged against, kept
+            self.reference = TeacherReference.from_dict(state["teacher_reference"])
+            self.reference_spec = None
         if self.colocated is not None:
             self.colocated.load_state_dict(dict(state))
         self._module_canary_state = state.get("module_canary")
         if self.module_canary is not None and self._module_canary_state is not None:
             self.module_canary.load_state_dict(self._module_canary_state)
+        for canary in (self.canary, self.module_canary.canary if self.module_canary else None):
+            if canary is not None and self.reference is not None:
+                canary.use_reference(self.reference)
 
     def close(self) -> None:
         """Deliver pending alerts, write the ``closed`` record (the run's summary), and flush
@@ -351,6 +411,8 @@ class DistillGuard:
         """The one place a decision is made; a fault of the guard's own here becomes
         ``guard.internal_error`` and a safe decision, never an exception in the trainer."""
         self._announce()
+        if self._pending:
+            findings, self._pending = [*self._pending, *findings], []
         try:
             return decide(self, stage, step, findings)
         except Exception as exc:  # noqa: BLE001 - fail safe by design
@@ -374,6 +436,26 @@ class DistillGuard:
             self._evidence = (step, False)
         elif Code.TEACHER_UNREACHABLE not in codes:
             self._evidence = (step, True)
+            if self.open_incident is not None and step > self.open_incident:
+                self.close_incident(step, "the teacher's own evidence is healthy again")
+
+    def open_unactionable(self, decision: Decision) -> None:
+        """A teacher-attributed critical that nothing could act on (no live teacher to reload,
+        the update already taken) stays open: the student-signal checks then watch for the
+        student following a dead teacher, and the policy halts when they see it."""
+        if self.open_incident is None and decision.step is not None:
+            self.open_incident = decision.step
+            self.events.write(
+                "incident_open",
+                step=decision.step,
+                codes=sorted({f.code for f in decision.reasons}),
+            )
+
+    def close_incident(self, step: int | None, why: str) -> None:
+        """The open incident is over (a repair verified, healthy teacher evidence)."""
+        if self.open_incident is not None:
+            self.events.write("incident_closed", step=step, opened=self.open_incident, why=why)
+            self.open_incident = None
 
     def record_findings(self, stage: Stage, findings: list[Finding]) -> None:
         """Count, log to the event file and hand on (``on_finding``) every finding of ``stage``."""

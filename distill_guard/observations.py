@@ -69,6 +69,10 @@ class RunSpec:
     student_vocab_size: int | None = None
     """The student's vocabulary size, when it differs or may differ from the teacher's
     (151936 vs 152064 padding): teacher ids at or beyond it cannot be the student's tokens."""
+    teacher_temperature: float = 1.0
+    """The temperature the teacher's distribution is meant to be consumed at (1: the model's
+    own). The teacher's reference from its checkpoint is taken at it, so a teacher consumed at
+    another temperature is caught at its first step."""
 
     def __post_init__(self) -> None:
         try:
@@ -84,6 +88,11 @@ class RunSpec:
             raise GuardValueError(f"beta must lie in [0, 1], got {self.beta}")
         if not self.loss_scale > 0:
             raise GuardValueError(f"loss_scale must be > 0, got {self.loss_scale}")
+        t = self.teacher_temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
+            raise GuardValueError(
+                f"teacher_temperature must be a finite number > 0 (1: the model's own), got {t!r}"
+            )
 
     @property
     def loss_ceiling(self) -> float | None:

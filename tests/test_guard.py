@@ -257,7 +257,7 @@ def test_a_failing_alert_channel_is_an_event_not_an_exception(tmp_path):
     d = guard.on_step_metrics(0, COLLAPSED)
     assert d.action is Action.ALERT and d.intended is Action.REWAKE
     kinds = [e["kind"] for e in read_events(tmp_path / "ev.jsonl")]
-    assert kinds == ["attached", "finding", "decision", "alert", "alert_failed"]
+    assert kinds == ["attached", "finding", "incident_open", "decision", "alert", "alert_failed"]
     failed = read_events(tmp_path / "ev.jsonl")[-1]
     assert "wandb said no" in failed["error"] and failed["title"].startswith("distill_guard")
     assert failed["sink"] == "wandb"

@@ -46,6 +46,32 @@ class CanaryMeasurement:
         return cls(**data)
 
 
+def _deltas(
+    measured: CanaryMeasurement, reference: CanaryMeasurement
+) -> tuple[float | None, float | None]:
+    """(mean |Δ| over the token logprobs, max |Δ| over token and top-k values) of two
+    measurements of the same tokens; (None, None) when either is not finite. Top-k rows are
+    compared position by position over the width both have (values are sorted, so a swap of
+    two near-equal ids moves nothing)."""
+    tok = torch.tensor(measured.token_logprobs, dtype=torch.float64)
+    ref = torch.tensor(reference.token_logprobs, dtype=torch.float64)
+    if tok.shape != ref.shape or not bool(torch.isfinite(tok).all() and torch.isfinite(ref).all()):
+        return None, None
+    d_tok = (tok - ref).abs()
+    mean_d = float(d_tok.mean()) if d_tok.numel() else 0.0
+    max_d = float(d_tok.max()) if d_tok.numel() else 0.0
+    if measured.topk_logprobs and reference.topk_logprobs:
+        a = torch.tensor(measured.topk_logprobs, dtype=torch.float64)
+        b = torch.tensor(reference.topk_logprobs, dtype=torch.float64)
+        k = min(a.shape[-1], b.shape[-1])
+        if a.shape[0] == b.shape[0] and k:
+            d_top = (a[:, :k] - b[:, :k]).abs()
+            if not bool(torch.isfinite(d_top).all()):
+                return None, None
+            max_d = max(max_d, float(d_top.max()))
+    return mean_d, max_d
+
+
 @dataclass
 class CanaryComparison:
     """The numbers behind one judgement, for tables (``distill-guard probe``) and the event log."""
@@ -138,12 +164,7 @@ class CanaryCheck:
         ref = reference if reference is not None and reference.tokens == measured.tokens else None
         max_d = mean_d = None
         if ref is not None and nonfinite == 0:
-            d_tok = (tok - torch.tensor(ref.token_logprobs, dtype=torch.float64)).abs()
-            mean_d = float(d_tok.mean()) if d_tok.numel() else 0.0
-            max_d = float(d_tok.max()) if d_tok.numel() else 0.0
-            if topk is not None and ref.topk_logprobs:
-                d_top = (topk - torch.tensor(ref.topk_logprobs, dtype=torch.float64)).abs()
-                max_d = max(max_d, float(d_top.max()) if d_top.numel() else 0.0)
+            mean_d, max_d = _deltas(measured, ref)
         uniform_v, inferred = (
             self._uniform_vocab(tok, topk, vocab_size) if nonfinite == 0 else (None, False)
         )
@@ -183,6 +204,50 @@ class CanaryCheck:
             seconds=measured.seconds,
         )
         return findings, comparison
+
+    def judge_reference(
+        self,
+        measured: CanaryMeasurement,
+        reference: CanaryMeasurement,
+        *,
+        tolerance_mean: float,
+        tolerance_max: float,
+        source: str,
+        temperature: float,
+    ) -> tuple[Finding | None, dict[str, Any]]:
+        """Is the live teacher the checkpoint it should be? The measurement against a reference
+        taken outside the run (:mod:`distill_guard.live.teacher_reference`), with the kernel
+        tolerance of that reference: a teacher wrong from its first wake (garbage, another
+        checkpoint, another temperature, a copy of the student) is whole nats off."""
+        values: dict[str, Any] = {
+            "reference_source": source,
+            "temperature": temperature,
+            "tolerance_mean": tolerance_mean,
+            "tolerance_max": tolerance_max,
+        }
+        if measured.tokens != reference.tokens:
+            return None, values  # never compared: the canary adopts the reference's tokens
+        mean_d, max_d = _deltas(measured, reference)
+        if mean_d is None or max_d is None:
+            return None, values  # non-finite: the judgement against the fingerprint says so
+        values |= {"mean_abs_delta": mean_d, "max_abs_delta": max_d}
+        if mean_d <= tolerance_mean and max_d <= tolerance_max:
+            return None, values
+        finding = Finding(
+            Code.TEACHER_REFERENCE_MISMATCH,
+            Severity.CRITICAL,
+            f"Canary: the teacher's logprobs differ from its checkpoint's reference ({source}, "
+            f"temperature {temperature:g}): mean |Δ| {mean_d:.4g} nats, max |Δ| {max_d:.4g} "
+            f"(bounds mean {tolerance_mean:g}, max {tolerance_max:g}: kernel noise against the "
+            "reference forward). The teacher scoring this run is not that checkpoint at that "
+            "temperature: garbage or lost weights, another checkpoint, another temperature, or "
+            "a copy of the student. Its scores must not train the student; reload it from the "
+            "checkpoint, and check the teacher's launch (model path, temperature, weights CPU "
+            "backup: SGLang --enable-weights-cpu-backup).",
+            measured.step,
+            {**values, "canary_tokens": len(measured.tokens), "top_k": self.top_k},
+        )
+        return finding, values
 
     def _uniform_finding(
         self,

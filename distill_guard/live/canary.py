@@ -7,12 +7,16 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distill_guard.checks.canary import CanaryCheck, CanaryComparison, CanaryMeasurement
 from distill_guard.errors import GuardTypeError
 from distill_guard.findings import Code, Finding, Severity
+from distill_guard.live.teacher_temperature import takes_temperature
 from distill_guard.teachers.base import Teacher, TeacherError
+
+if TYPE_CHECKING:
+    from distill_guard.live.teacher_reference import TeacherReference
 
 
 class Canary:
@@ -33,6 +37,11 @@ class Canary:
         self._deterministic: bool | None = None
         self.last_comparison: CanaryComparison | None = None
         """What the last judgement measured."""
+        self.reference: TeacherReference | None = None
+        """The checkpoint's reference (:meth:`use_reference`): every judgement is held against
+        it too, and a repair against it alone."""
+        self.last_reference_values: dict[str, Any] | None = None
+        """What the last judgement against the reference measured."""
 
     @property
     def top_k(self) -> int:
@@ -75,13 +84,27 @@ class Canary:
             self._deterministic = bool(info.get("enable_deterministic_inference", False))
         return self._deterministic
 
+    def use_reference(self, reference: TeacherReference) -> None:
+        """Hold every measurement against ``reference`` too; the canary takes its tokens (a
+        fingerprint of other tokens is dropped: it cannot be compared any more)."""
+        if self._tokens is not None and self._tokens != list(reference.tokens):
+            self._fingerprint = None
+        self._tokens = list(reference.tokens)
+        if self.vocab_size is None and reference.vocab_size:
+            self.vocab_size = int(reference.vocab_size)
+        self.reference = reference
+
     # -- measuring ---------------------------------------------------------------------------
 
     def measure(self, teacher: Teacher, step: int | None = None) -> CanaryMeasurement:
         """One scoring call on the canary. Raises :class:`TeacherError` if the teacher fails."""
         tokens = self.canary_tokens(teacher)
         t0 = time.perf_counter()
-        res = teacher.score([tokens], top_k=self.top_k, logprob_start_len=0)
+        kwargs: dict[str, Any] = {}
+        ref = self.reference
+        if ref is not None and ref.temperature != 1.0 and takes_temperature(teacher):
+            kwargs["temperature"] = ref.temperature  # asked as the run asks for its scores
+        res = teacher.score([tokens], top_k=self.top_k, logprob_start_len=0, **kwargs)
         seconds = time.perf_counter() - t0
         return CanaryMeasurement(
             tokens=tokens,
@@ -102,24 +125,50 @@ class Canary:
         """Keep a measurement already judged clean as the next reference."""
         self._fingerprint = measured
 
-    def verify(self, teacher: Teacher, step: int | None = None) -> list[Finding]:
+    def verify(
+        self, teacher: Teacher, step: int | None = None, *, repair: bool = False
+    ) -> list[Finding]:
         """Score the canary after wake and judge it; empty when the teacher is as it was.
+
+        ``repair``: the verification of a reload. With a reference it is judged against the
+        reference alone (the truth), not against the last fingerprint, which may be the
+        fault's own (a teacher wrong from its first wake).
 
         Raises :class:`TeacherError` when the teacher cannot be scored.
         """
-        return self.judge(self.measure(teacher, step), teacher=teacher)
+        return self.judge(self.measure(teacher, step), teacher=teacher, repair=repair)
 
-    def judge(self, measured: CanaryMeasurement, teacher: Teacher | None = None) -> list[Finding]:
-        """Judge a measurement against the fingerprint; remembers a V inferred from it."""
+    def judge(
+        self,
+        measured: CanaryMeasurement,
+        teacher: Teacher | None = None,
+        *,
+        repair: bool = False,
+    ) -> list[Finding]:
+        """Judge a measurement against the fingerprint and the reference; remembers a V
+        inferred from it."""
+        skip_fingerprint = repair and self.reference is not None
         findings, comparison = self.check.judge(
             measured,
-            self._fingerprint,
+            None if skip_fingerprint else self._fingerprint,
             vocab_size=self.resolve_vocab_size(teacher),
             deterministic=self.is_deterministic(teacher),
         )
         if comparison.vocab_inferred:
             self.vocab_size = comparison.vocab_size
         self.last_comparison = comparison
+        ref = self.reference
+        if ref is not None:
+            wrong, self.last_reference_values = self.check.judge_reference(
+                measured,
+                ref.measurement(),
+                tolerance_mean=ref.tolerance_mean,
+                tolerance_max=ref.tolerance_max,
+                source=ref.source,
+                temperature=ref.temperature,
+            )
+            if wrong is not None and not any(f.severity is Severity.CRITICAL for f in findings):
+                findings.append(wrong)
         return findings
 
     def forget(self) -> None:
@@ -133,6 +182,7 @@ class Canary:
             "tokens": self._tokens,
             "vocab_size": self.vocab_size,
             "fingerprint": self._fingerprint.to_dict() if self._fingerprint else None,
+            "reference": self.reference.to_dict() if self.reference is not None else None,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -141,6 +191,10 @@ class Canary:
             self.vocab_size = int(state["vocab_size"])
         fp = state.get("fingerprint")
         self._fingerprint = CanaryMeasurement.from_dict(fp) if fp else None
+        if state.get("reference"):
+            from distill_guard.live.teacher_reference import TeacherReference
+
+            self.use_reference(TeacherReference.from_dict(state["reference"]))
 
 
 def teacher_error_finding(

@@ -48,10 +48,15 @@ def in_process(message: str) -> str:
 
 class ModuleScorer:
     """Scores token sequences with a module's forward, without changing the module: gradients
-    off, eval mode for the call only (dropout would make the canary noisy), mode restored."""
+    off, eval mode for the call only (dropout would make the canary noisy), mode restored.
 
-    def __init__(self, module: torch.nn.Module) -> None:
+    ``temperature``: the temperature the trainer consumes the teacher's distribution at (TRL
+    GKD's ``temperature``): the canary is scored as the loss sees the teacher, so a teacher
+    consumed at another temperature than its reference's is caught."""
+
+    def __init__(self, module: torch.nn.Module, *, temperature: float = 1.0) -> None:
         self.module = module
+        self.temperature = float(temperature)
 
     @property
     def vocab_size(self) -> int | None:
@@ -78,7 +83,10 @@ class ModuleScorer:
         finally:
             self.module.train(was_training)
         logits = getattr(out, "logits", out[0] if isinstance(out, (tuple, list)) else out)
-        logp = torch.log_softmax(logits[:, logprob_start_len:-1].float(), dim=-1)
+        logits = logits[:, logprob_start_len:-1].float()
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
+        logp = torch.log_softmax(logits, dim=-1)
         token = logp.gather(-1, ids[:, logprob_start_len + 1 :].unsqueeze(-1)).squeeze(-1)
         tops = logp.topk(min(top_k, logp.shape[-1]), dim=-1) if top_k > 0 else None
         return ScoreResult(
@@ -95,6 +103,8 @@ class ModuleCanary:
         module: the teacher.
         canary: the canary (``checks.canary`` of the guard's configuration by default).
         vocab_size: V, when the module's config does not say it.
+        temperature: the temperature the trainer consumes the teacher at (see
+            :class:`ModuleScorer`); set it later through ``scorer.temperature``.
     """
 
     def __init__(
@@ -103,8 +113,9 @@ class ModuleCanary:
         canary: Canary | CanaryCheck | None = None,
         *,
         vocab_size: int | None = None,
+        temperature: float = 1.0,
     ) -> None:
-        self.scorer = ModuleScorer(module)
+        self.scorer = ModuleScorer(module, temperature=temperature)
         self.canary = canary if isinstance(canary, Canary) else Canary(canary)
         if self.canary.vocab_size is None:
             self.canary.vocab_size = vocab_size or self.scorer.vocab_size

@@ -58,8 +58,10 @@ def repair_teacher(
     ``repair.flush`` as they happen, and ends with ``repair.ok``, ``repair.failed`` (the canary
     still fails) or ``repair.error`` (a teacher call failed); after the last, ``repair.gave_up``.
     The reload uses ``reloader(teacher)`` if given, else ``teacher.reload_weights()`` (the
-    server's own ``model_path``). The canary is held against its last fingerprint, so for an EMA
-    teacher the reloader must restore the weights the teacher had before it slept.
+    server's own ``model_path``). The canary is held against the checkpoint's reference where
+    the guard has one (the truth, whatever the last wake was), else against its last
+    fingerprint, so for an EMA teacher the reloader must restore the weights the teacher had
+    before it slept.
     """
     if max_attempts < 1:
         raise GuardValueError(f"max_attempts must be >= 1, got {max_attempts}")
@@ -83,7 +85,7 @@ def repair_teacher(
             teacher.flush_cache()
             emit("repair.flush", {"attempt": attempt})
             stage = "verify"
-            last = canary.verify(teacher, step=step)
+            last = canary.verify(teacher, step=step, repair=True)
         except TeacherError as e:
             last = [teacher_error_finding(e, step, during=f"repair {stage}")]
             emit("repair.error", {"attempt": attempt, "during": stage, "error": str(e)})
@@ -98,7 +100,12 @@ def repair_teacher(
                     Code.TEACHER_REPAIRED,
                     Severity.WARN,
                     f"Teacher repaired by rewake (resume, reload, flush) on attempt {attempt} of "
-                    f"{max_attempts} in {seconds:.2f} s; the canary now matches its fingerprint.",
+                    f"{max_attempts} in {seconds:.2f} s; the canary now matches "
+                    + (
+                        f"its checkpoint's reference ({canary.reference.source})."
+                        if canary.reference is not None
+                        else "its fingerprint."
+                    ),
                     step,
                     {"attempts": attempt, "seconds": seconds},
                 )

@@ -52,6 +52,22 @@ def student_of(teacher: torch.nn.Module, noise: float = 0.02, seed: int = 1) -> 
     return student.train()
 
 
+def at_temperature(model: torch.nn.Module, temperature: float = 2.0) -> None:
+    """A teacher whose distribution is at ``temperature``: its final norm's weight divided by it,
+    so every logit is (the lm_head is linear in the norm's output; Qwen3's ``model.norm``)."""
+    with torch.no_grad():
+        model.model.norm.weight.div_(temperature)  # type: ignore[union-attr]
+
+
+def become_student(model: torch.nn.Module) -> None:
+    """A teacher that is a copy of the student: its weights replaced by :func:`student_of`'s
+    (the student of the healthy teacher starts exactly there)."""
+    student = student_of(model)
+    with torch.no_grad():
+        for p, q in zip(model.parameters(), student.parameters()):
+            p.copy_(q)
+
+
 def zero_weights(model: torch.nn.Module) -> None:
     """What a colocated wake without weights backup leaves: every weight zero, a uniform output."""
     with torch.no_grad():
