@@ -26,10 +26,9 @@ import torch
 
 from distill_guard.checks.canary import CanaryCheck, _deltas
 from distill_guard.live.teacher_reference import (
-    DEFAULT_TOLERANCE_MAX,
-    DEFAULT_TOLERANCE_MEAN,
     reference_from_checkpoint,
     score_canary,
+    tolerance_for,
 )
 
 SIZES = {
@@ -142,12 +141,13 @@ def main() -> None:
         served = other.to(device=device, dtype=torch.bfloat16)
         rows.append((f"another checkpoint, bf16 {device}", *_deltas(score_canary(served, ref.tokens, check.top_k), ref.measurement())))  # fmt: skip
     print(
-        f"\n| serving teacher | mean abs delta (nats) | max abs delta | x tolerance mean "
-        f"{DEFAULT_TOLERANCE_MEAN:g} |\n|---|---|---|---|"
+        "\n| serving teacher | mean abs delta (nats) | max abs delta | tolerance (mean, max) "
+        "| mean / tolerance |\n|---|---|---|---|---|"
     )
     for name, mean_d, max_d in rows:
-        print(f"| {name} | {mean_d:.4f} | {max_d:.4f} | {mean_d / DEFAULT_TOLERANCE_MEAN:.2f} |")
-    print(f"(tolerance: mean {DEFAULT_TOLERANCE_MEAN:g}, max {DEFAULT_TOLERANCE_MAX:g} nats)")
+        dtype = name.split(", ")[-1].split()[0]
+        tol = tolerance_for(dtype)
+        print(f"| {name} | {mean_d:.4f} | {max_d:.4f} | {tol} | {mean_d / tol[0]:.2f} |")
 
 
 if __name__ == "__main__":

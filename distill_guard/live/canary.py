@@ -42,6 +42,9 @@ class Canary:
         it too, and a repair against it alone."""
         self.last_reference_values: dict[str, Any] | None = None
         """What the last judgement against the reference measured."""
+        self.serving_dtype: str | None = None
+        """The dtype the teacher serves in (its server info's ``dtype``, a module's parameters):
+        the kernel tolerance against the reference is that dtype's."""
 
     @property
     def top_k(self) -> int:
@@ -159,17 +162,28 @@ class Canary:
         self.last_comparison = comparison
         ref = self.reference
         if ref is not None:
+            tolerance_mean, tolerance_max = ref.tolerance(self._serving_dtype(teacher))
             wrong, self.last_reference_values = self.check.judge_reference(
                 measured,
                 ref.measurement(),
-                tolerance_mean=ref.tolerance_mean,
-                tolerance_max=ref.tolerance_max,
+                tolerance_mean=tolerance_mean,
+                tolerance_max=tolerance_max,
                 source=ref.source,
                 temperature=ref.temperature,
             )
             if wrong is not None and not any(f.severity is Severity.CRITICAL for f in findings):
                 findings.append(wrong)
         return findings
+
+    def _serving_dtype(self, teacher: Teacher | None) -> str | None:
+        """The configured dtype, else the teacher's ``dtype`` server argument (asked once)."""
+        if self.serving_dtype is None and teacher is not None:
+            try:
+                dtype = teacher.server_info().get("dtype")
+            except TeacherError:
+                return None  # the widest tolerance this time; ask again later
+            self.serving_dtype = str(dtype) if dtype else "auto"
+        return self.serving_dtype
 
     def forget(self) -> None:
         """Drop the fingerprint: the next verify has no reference (uniform and non-finite only)."""

@@ -65,7 +65,9 @@ class ModuleScorer:
         return int(v) if v is not None else None
 
     def server_info(self) -> dict[str, Any]:
-        return {"enable_deterministic_inference": False}
+        first = next(iter(self.module.parameters()), None)
+        dtype = str(first.dtype).removeprefix("torch.") if first is not None else None
+        return {"enable_deterministic_inference": False, "dtype": dtype}
 
     def score(
         self, sequences: list[list[int]], top_k: int = 0, logprob_start_len: int = 0
