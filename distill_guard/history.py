@@ -7,15 +7,15 @@ import json
 import math
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
 from distill_guard.errors import GuardError
-from distill_guard.metric_names import RELAX_METRIC_NAMES, resolve_key
+from distill_guard.metric_names import candidates, lookalikes, resolve_first
 from distill_guard.observations import Metric
 
-STEP_KEYS = ("_step", "step", "train/step", "global_step")
+STEP_KEYS = ("_step", "step", "train/step", "global_step", "train/global_step")
 REQUIRED_ROLES = (Metric.LOSS,)
 
 
@@ -38,6 +38,11 @@ class History:
     """role → the key it was read from (``eval/*`` resolved to the concrete key)."""
     missing: list[str]
     """Optional roles not found anywhere in the file."""
+    tried: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """role → the names tried for it, in order (every convention's, or the ``--key`` one)."""
+    lookalikes: dict[str, str] = field(default_factory=dict)
+    """Columns read as no role that look like one that did not resolve: column → that role
+    (:func:`~distill_guard.metric_names.lookalikes`)."""
 
 
 def _parse_value(raw: object, path: str, line: int, key: str) -> float | None:
@@ -125,7 +130,9 @@ def _scan_keys(path: Path) -> tuple[set[str], int]:
 
 
 def load_history(path: str | os.PathLike[str], key_map: Mapping[str, str] | None = None) -> History:
-    """Load a history; ``key_map`` overrides role → key (defaults: Relax's metric names).
+    """Load a history; ``key_map`` overrides role → key (``--key``), every other role is read
+    under the first of its candidates in the file, across every known convention
+    (:data:`~distill_guard.metric_names.METRIC_CANDIDATES`).
 
     Streams the file twice (its keys, then the values of the resolved keys), so memory grows
     with steps × roles, not with the file: a wandb export with hundreds of columns per row is
@@ -135,24 +142,30 @@ def load_history(path: str | os.PathLike[str], key_map: Mapping[str, str] | None
         raise HistoryError(p, "file not found")
     if p.is_dir():
         raise HistoryError(p, "is a directory, expected a .jsonl or .csv file")
-    names = dict(RELAX_METRIC_NAMES)
-    for role, key in (key_map or {}).items():
+    for role in key_map or {}:
         if role not in Metric.ALL:
             raise HistoryError(
                 p, f"unknown role '{role}' in --key; roles are {', '.join(Metric.ALL)}"
             )
-        names[role] = key
+    names = candidates(key_map)
     all_keys, n_rows = _scan_keys(p)
-    resolved = {role: resolve_key(key, all_keys) for role, key in names.items()}
+    resolved = {role: resolve_first(tried, all_keys) for role, tried in names.items()}
+    step_key = next((k for k in STEP_KEYS if k in all_keys), None)
+    read = {key for key in resolved.values() if key is not None}
+    unread = all_keys - read - set(STEP_KEYS)
+    unresolved = [role for role, key in resolved.items() if key is None]
+    alike = lookalikes(unread, unresolved)
     for role in REQUIRED_ROLES:
         if resolved[role] is None:
             shown = ", ".join(sorted(all_keys)[:12]) + (" ..." if len(all_keys) > 12 else "")
+            tried = " or ".join(f"'{name}'" for name in names[role])
+            near = [k for k, r in alike.items() if r == role]
+            hint = f"; {', '.join(repr(k) for k in near)} looks like it" if near else ""
             raise HistoryError(
                 p,
-                f"metric '{names[role]}' (role {role}) is in none of the {n_rows} rows; "
-                f"keys present: {shown}. Map it with --key {role}=NAME",
+                f"metric {tried} (role {role}) is in none of the {n_rows} rows; "
+                f"keys present: {shown}{hint}. Map it with --key {role}=NAME",
             )
-    step_key = next((k for k in STEP_KEYS if k in all_keys), None)
     merged: dict[int, dict[str, float]] = {}
     for index, (line, row) in enumerate(_iter_rows(p)):
         step = index
@@ -171,5 +184,5 @@ def load_history(path: str | os.PathLike[str], key_map: Mapping[str, str] | None
                     values[role] = v
     steps = sorted(merged.items())
     keys = {role: key for role, key in resolved.items() if key is not None}
-    missing = sorted(role for role, key in resolved.items() if key is None)
-    return History(str(p), steps, keys, missing)
+    missing = sorted(unresolved)
+    return History(str(p), steps, keys, missing, dict(names), alike)

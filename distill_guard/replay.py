@@ -81,7 +81,15 @@ class ReplayResult:
 
     @property
     def notices(self) -> list[str]:
-        """What the replay could not check as asked: a teacher logprob column without V."""
+        """What the replay could not check as asked: a teacher logprob column without V, and
+        each column that looks like a role the file has under no known name but was not read."""
+        return self._teacher_notices() + [
+            f"column '{column}' looks like {role} but was not read; "
+            f"map it with --key {role}={column}"
+            for column, role in self.history.lookalikes.items()
+        ]
+
+    def _teacher_notices(self) -> list[str]:
         column = self.history.keys.get(Metric.TEACHER_LOGPROB)
         if column is None or self.run.vocab_size is not None:
             return []
@@ -145,7 +153,7 @@ def format_table(result: ReplayResult) -> str:
     lines = [f"distill_guard replay of {h.path}: {len(h.steps)} steps, preset '{result.preset}'"]
     lines.append("metrics: " + ", ".join(f"{r}={k}" for r, k in sorted(h.keys.items())))
     if h.missing:
-        lines.append("not in the file (their checks were skipped): " + ", ".join(h.missing))
+        lines.append("not in the file (their checks were skipped): " + _missing(h))
     lines += [f"NOTICE: {n}" for n in result.notices]
     lines.append("")
     if not result.findings:
@@ -162,6 +170,14 @@ def format_table(result: ReplayResult) -> str:
             seen.add(f.code)
             lines.append(f"- {f.code} (step {f.step}): {f.message}")
     return "\n".join(lines)
+
+
+def _missing(h: History) -> str:
+    """The missing roles, each with the names tried for it."""
+    return ", ".join(
+        f"{role} (tried {', '.join(h.tried[role])})" if h.tried.get(role) else role
+        for role in h.missing
+    )
 
 
 def _order_key(result: ReplayResult, code: str) -> tuple[int, int]:

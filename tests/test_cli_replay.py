@@ -13,11 +13,14 @@ import pytest
 
 from distill_guard.findings import Code
 from distill_guard.history import load_history
+from distill_guard.metric_names import CONVENTIONS
 from distill_guard.replay import replay
 from distill_guard.report import replay_figure
 from distill_guard.testing.histories import (
     collapsed_history,
     healthy_history,
+    renamed,
+    seed_history,
     uniform_teacher_history,
 )
 from tests.conftest import QWEN3_V, write_csv, write_jsonl
@@ -296,6 +299,60 @@ def test_key_remaps_a_role(run_cli, tmp_path):
     assert as_json(out)["first"][Code.LOSS_JSD_CEILING] == 0
 
 
+@pytest.mark.parametrize("convention", sorted(set(CONVENTIONS) - {"relax"}))
+def test_the_seed_failure_replays_alike_under_every_convention(run_cli, tmp_path, convention):
+    """Issue 23: a TRL (or demo, Lightning, slime) history replayed with "not in the file:
+    student_entropy, ..." and nothing judged. Under any convention the same values reach the
+    same roles, so the replay is the same as under Relax's names."""
+    relax = write_jsonl(seed_history(), tmp_path / "relax.jsonl")
+    other = write_jsonl(renamed(seed_history(), convention), tmp_path / f"{convention}.jsonl")
+    code_relax, out_relax, _ = run_cli("replay", relax, "--json")
+    code, out, err = run_cli("replay", other, "--json")
+    assert (code, as_json(out)) == (code_relax, as_json(out_relax)), err
+    _, text, _ = run_cli("replay", other)
+    assert "not in the file (their checks were skipped): teacher_logprob (tried " in text
+    for role in ("loss", "student_entropy", "truncated_ratio", "eval_accuracy"):
+        assert f"{role}=" in text.splitlines()[1]  # "metrics: role=key, ..."
+
+
+def test_a_column_that_looks_like_a_missing_role_is_a_notice_until_mapped(run_cli, tmp_path):
+    rows = [
+        {"_step": t, "train/loss": 0.02, "train/pg_loss": 0.01, "actor/entropy_mean": 0.4}
+        for t in range(5)
+    ]
+    path = write_jsonl(rows, tmp_path / "custom.jsonl")
+    notice = (
+        "column 'actor/entropy_mean' looks like student_entropy but was not read; "
+        "map it with --key student_entropy=actor/entropy_mean"
+    )
+    code, text, _ = run_cli("replay", path)
+    assert f"NOTICE: {notice}" in text and code == 0
+    assert "pg_loss" not in text  # the loss was read: its look-alikes are not news
+    _, out, _ = run_cli("replay", path, "--json")
+    result = as_json(out)
+    check_schema(result)
+    assert result["notices"] == [notice]
+    # --key is the exception: the role is read under that name, and the notice goes
+    _, text, _ = run_cli("replay", path, "--key", "student_entropy=actor/entropy_mean")
+    assert "NOTICE" not in text and "student_entropy=actor/entropy_mean" in text
+    _, out, _ = run_cli("replay", path, "--json", "--key", "student_entropy=actor/entropy_mean")
+    assert as_json(out)["notices"] == []
+
+
+def test_key_wins_over_a_known_name_for_its_role(run_cli, tmp_path):
+    rows = [
+        {"_step": t, "train/loss": 0.02, "train/entropy_loss": 0.4, "train/entropy": 9.0}
+        for t in range(3)
+    ]
+    path = write_jsonl(rows, tmp_path / "both.jsonl")
+    _, text, _ = run_cli("replay", path)
+    assert "student_entropy=train/entropy_loss" in text  # the order: Relax's name first
+    _, text, _ = run_cli("replay", path, "--key", "student_entropy=train/entropy")
+    assert "student_entropy=train/entropy" in text.splitlines()[1].split(", ")
+    h = load_history(path, {"student_entropy": "train/entropy"})
+    assert h.steps[0][1]["student_entropy"] == 9.0
+
+
 def test_loss_scale_and_beta_reach_the_checks(run_cli, tmp_path):
     rows = [{"train/step": t, "train/loss": 0.688 * 4} for t in range(3)]
     path = write_jsonl(rows, tmp_path / "scaled.jsonl")
@@ -362,7 +419,7 @@ def _bad_inputs(tmp: Path) -> list[tuple[list, str]]:
         ),
         (
             [file("noloss.jsonl", '{"x": 1}\n')],
-            "noloss.jsonl: metric 'train/loss' (role loss) is in none",
+            "noloss.jsonl: metric 'train/loss' or 'loss' (role loss) is in none",
         ),
         (
             [file("text.jsonl", '{"train/loss": "high"}\n')],

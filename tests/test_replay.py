@@ -119,3 +119,38 @@ def test_the_seed_runs_healthy_history_with_one_entropy_blip_replays_clean(tmp_p
     assert [f for f in result.findings if f.severity >= Severity.WARN] == []
     assert result.exit_code() == 0
     assert sum(f.code == Code.STUDENT_ENTROPY_DROP for f in result.findings) <= 1
+
+
+def test_a_lookalike_column_is_a_notice_in_the_table_and_the_json():
+    h = History(
+        "run.jsonl",
+        [(0, {Metric.LOSS: 0.02})],
+        {Metric.LOSS: "train/loss"},
+        [Metric.STUDENT_ENTROPY],
+        tried={Metric.STUDENT_ENTROPY: ("train/entropy_loss", "train/entropy", "entropy")},
+        lookalikes={"actor/entropy_mean": Metric.STUDENT_ENTROPY},
+    )
+    result = ReplayResult(h, "default", run=RunSpec(vocab_size=QWEN3_V))
+    notice = (
+        "column 'actor/entropy_mean' looks like student_entropy but was not read; "
+        "map it with --key student_entropy=actor/entropy_mean"
+    )
+    assert result.notices == [notice] and result.to_json()["notices"] == [notice]
+    table = format_table(result)
+    assert f"NOTICE: {notice}" in table
+    assert (
+        "not in the file (their checks were skipped): student_entropy (tried "
+        "train/entropy_loss, train/entropy, entropy)" in table
+    )
+
+
+def test_the_not_in_the_file_line_names_the_names_tried(tmp_path):
+    path = write_jsonl(
+        [{"train/step": t, "train/loss": 0.02} for t in range(3)], tmp_path / "h.jsonl"
+    )
+    table = format_table(replay(load_history(path)))
+    line = next(ln for ln in table.splitlines() if ln.startswith("not in the file"))
+    assert "truncated_ratio (tried rollout/truncated_ratio, train/truncated_ratio, " in line
+    assert "completions/truncated_fraction)" in line
+    assert "eval_accuracy (tried eval/accuracy, eval_accuracy, val/acc, " in line
+    assert "NOTICE" not in table  # nothing looks like a missing role

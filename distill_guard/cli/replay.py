@@ -22,7 +22,9 @@ def add_replay(sub: argparse._SubParsersAction) -> None:
         default=[],
         metavar="ROLE=NAME",
         help="map a role (loss, student_entropy, truncated_ratio, teacher_logprob, eval_accuracy) "
-        "to a metric name in the file; repeatable",
+        "to a metric name in the file, in place of the names of every known convention "
+        "(Relax, slime/miles, TRL/transformers, Lightning, the demo: docs/metric-names.md); "
+        "repeatable",
     )
     p.add_argument(
         "--loss",
@@ -59,7 +61,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     """Replay a run's per-step metrics through a guard preset and report what it would have
     found and done: each finding's first step, the first action (skip_batch, rewake or halt)
     and the halt, told apart and with the same steps in the table, --json (first_action,
-    halt_step, notices) and --plot. Metric names default to Relax's."""
+    halt_step, notices) and --plot. Each role is read under the first of its names, across
+    every known convention, that the file has; ``--key`` maps a role to one name instead."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 

@@ -355,3 +355,64 @@ def test_fused_signals_after_a_logits_reduction_are_not_mixed_in(caplog):
     assert [t.shape[-1] for t in sg._buffer.topk.parts] == [16, 16] and len(sg._buffer.losses) == 2
     told = [r for r in caplog.records if "read the logits once" in r.getMessage()]
     assert len(told) == 1 and told[0].levelname == "INFO"
+
+
+def recorded(sg: StepGuard) -> list[dict[str, float]]:
+    """The metrics each ``on_step_metrics`` call hands the guard."""
+    calls: list[dict[str, float]] = []
+    on_step_metrics = sg.guard.on_step_metrics
+
+    def record(step, metrics, **kwargs):
+        calls.append(dict(metrics))
+        return on_step_metrics(step, metrics, **kwargs)
+
+    sg.guard.on_step_metrics = record
+    return calls
+
+
+def test_after_update_reads_any_conventions_names_and_role_keys_win():
+    """Issue 23: TRL's ``entropy`` handed to after_update was silently ignored."""
+    sg = StepGuard("default", ["alerts.use_wandb=false"])
+    calls = recorded(sg)
+    sg.after_update(0, {"loss": 0.02, "entropy": 0.41, "completions/clipped_ratio": 0.05})
+    assert calls[-1] == {
+        Metric.LOSS: 0.02,
+        Metric.STUDENT_ENTROPY: 0.41,
+        Metric.TRUNCATED_RATIO: 0.05,
+    }
+    sg.after_update(1, {"loss": 0.02, "student_entropy": 0.4, "train/entropy_loss": 9.0})
+    assert calls[-1] == {Metric.LOSS: 0.02, Metric.STUDENT_ENTROPY: 0.4}  # the role key wins
+    sg.after_update(2, {"train/loss": 0.02, "eval/accuracy": 0.5})
+    assert calls[-1] == {Metric.LOSS: 0.02, Metric.EVAL_ACCURACY: 0.5}
+
+
+def test_after_logs_reads_older_trls_truncation_name():
+    from distill_guard.metric_names import HF_METRIC_NAMES
+
+    sg = StepGuard("default", ["alerts.use_wandb=false"], metric_names=HF_METRIC_NAMES)
+    calls = recorded(sg)
+    sg.after_logs(0, {"loss": 0.02, "completions/truncated_fraction": 0.1, "epoch": 0.1})
+    assert calls[-1] == {Metric.LOSS: 0.02, Metric.TRUNCATED_RATIO: 0.1}
+
+
+def test_a_lookalike_of_a_role_not_read_is_told_once_at_info(caplog):
+    caplog.set_level("DEBUG", logger="distill_guard")
+    sg = StepGuard("default", ["alerts.use_wandb=false"])
+    seen = []
+    sg.guard.on_finding = seen.append
+    calls = recorded(sg)
+    for step in range(3):
+        sg.after_update(
+            step, {"loss": 0.02, "train/pg_loss": 0.01, "actor/entropy_mean": 0.41, "lr": 1e-5}
+        )
+    assert calls[-1]["loss"] == 0.02 and Metric.STUDENT_ENTROPY not in calls[-1]
+    told = [r for r in caplog.records if "looks like" in r.getMessage()]
+    assert [r.levelname for r in told] == ["INFO"]  # once, at INFO; pg_loss is not news
+    assert told[0].name == "distill_guard"
+    assert "'actor/entropy_mean' looks like student_entropy" in told[0].getMessage()
+    assert not [r for r in caplog.records if r.levelno >= 30] and seen == []
+    # a role already read: its look-alikes are not news
+    caplog.clear()
+    sg.after_update(3, {"loss": 0.02, "entropy": 0.4})
+    sg.after_update(4, {"loss": 0.02, "entropy": 0.4, "my/other_entropy": 0.3})
+    assert not [r for r in caplog.records if "looks like" in r.getMessage()]
