@@ -179,16 +179,19 @@ class DistillGuard:
         (:meth:`on_teacher_scores`): a teacher whose weights changed is caught even when its
         scores look like any teacher's (noise at the weights' own scale is not uniform).
 
-        ``temperature``: the one the trainer consumes the teacher at (TRL GKD's
-        ``temperature``); the run's ``teacher_temperature`` if None. With a reference, a
-        teacher wrong from the start (garbage, another checkpoint or temperature, a copy of the
-        student) is caught at the first step."""
+        ``temperature``: the one the trainer consumes the teacher at (TRL's ``temperature``);
+        it becomes the run's ``teacher_temperature`` where the run declares none, and a run
+        that declares another is caught (the reference is taken at the declared one). With a
+        reference, a teacher wrong from the start (garbage, another checkpoint, hotter or
+        colder, a copy of the student) is caught at the first step."""
+        if temperature is not None and self.run.teacher_temperature is None:
+            self.run = dataclasses.replace(self.run, teacher_temperature=float(temperature))
         spec = self.canary_spec
         self.module_canary = ModuleCanary(
             module,
             spec.check if isinstance(spec, Canary) else spec,
             vocab_size=self.run.vocab_size,
-            temperature=temperature if temperature is not None else self.run.teacher_temperature,
+            temperature=temperature if temperature is not None else self.run.temperature,
         )
         if self._module_canary_state is not None:  # a resumed run's reference, saved before
             self.module_canary.load_state_dict(self._module_canary_state)
@@ -203,7 +206,7 @@ class DistillGuard:
             self.reference, unavailable = make_reference(
                 self.reference_spec,
                 canary.check,
-                temperature=self.run.teacher_temperature,
+                temperature=self.run.temperature,
                 own_checkpoint=own_checkpoint,
             )
             if unavailable is not None:

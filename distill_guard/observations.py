@@ -69,10 +69,11 @@ class RunSpec:
     student_vocab_size: int | None = None
     """The student's vocabulary size, when it differs or may differ from the teacher's
     (151936 vs 152064 padding): teacher ids at or beyond it cannot be the student's tokens."""
-    teacher_temperature: float = 1.0
-    """The temperature the teacher's distribution is meant to be consumed at (1: the model's
-    own). The teacher's reference from its checkpoint is taken at it, so a teacher consumed at
-    another temperature is caught at its first step."""
+    teacher_temperature: float | None = None
+    """The temperature the teacher's distribution is meant to be consumed at; None: not
+    declared, the trainer's own where an adapter can read it (TRL's ``temperature``), else 1
+    (the model's own). The teacher's reference from its checkpoint is taken at it, so a teacher
+    that is hotter or colder than that is caught at its first step."""
 
     def __post_init__(self) -> None:
         try:
@@ -89,7 +90,9 @@ class RunSpec:
         if not self.loss_scale > 0:
             raise GuardValueError(f"loss_scale must be > 0, got {self.loss_scale}")
         t = self.teacher_temperature
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
+        if t is not None and (
+            isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0
+        ):
             raise GuardValueError(
                 f"teacher_temperature must be a finite number > 0 (1: the model's own), got {t!r}"
             )
@@ -98,6 +101,11 @@ class RunSpec:
     def loss_ceiling(self) -> float | None:
         """The bound on the unscaled per-token loss, or None where the loss has none."""
         return jsd_ceiling(self.beta) if self.loss is LossKind.JSD else None
+
+    @property
+    def temperature(self) -> float:
+        """The teacher temperature the run is judged at: the declared one, else 1."""
+        return float(self.teacher_temperature) if self.teacher_temperature is not None else 1.0
 
     @property
     def log_vocab(self) -> float | None:

@@ -201,15 +201,24 @@ class StepGuard:
             self._told.add(key)
             log.info(message, *args)
 
-    def watch(self, module: torch.nn.Module, *, canary: bool = True, logits: bool = True) -> Any:
+    def watch(
+        self,
+        module: torch.nn.Module,
+        *,
+        canary: bool = True,
+        logits: bool = True,
+        temperature: float | None = None,
+    ) -> Any:
         """Observe every forward of ``module`` (the teacher) while :attr:`collecting` (masked by
         its ``attention_mask`` keyword), and with ``canary`` check the module on the guard's
         canary before each update: weights turned to noise score like any teacher, only the
         canary tells. Returns the hook handle (:meth:`unwatch` removes them all); with
         ``logits=False`` only the canary, for a loop that hands :meth:`observe_distill_loss`
-        what the loss read, and None."""
+        what the loss read, and None. ``temperature``: the one the loss consumes the teacher's
+        logits at, when it divides them (the canary is scored so; the run's
+        ``teacher_temperature`` if None)."""
         if canary and self.guard.module_canary is None:
-            self.guard.watch_module_teacher(module)
+            self.guard.watch_module_teacher(module, temperature=temperature)
         if not logits:
             return None
 

@@ -71,10 +71,13 @@ class DistillGuardCallback(GuardedCallback, TrainerCallback):
         ``report_to`` integrations see the ``guard/*`` metrics."""
         self._stopping = False
 
-    def watch_teacher(self, teacher: torch.nn.Module, *, logits: bool = True) -> Any:
+    def watch_teacher(
+        self, teacher: torch.nn.Module, *, logits: bool = True, temperature: float | None = None
+    ) -> Any:
         """Observe every training-step forward of ``teacher`` through a forward hook (with
-        ``logits=False`` only its canary: the loss hands over what it read of the logits)."""
-        return self.step_guard.watch(teacher, logits=logits)
+        ``logits=False`` only its canary: the loss hands over what it read of the logits).
+        ``temperature``: the one the loss consumes the teacher at (TRL's ``temperature``)."""
+        return self.step_guard.watch(teacher, logits=logits, temperature=temperature)
 
     # ------------------------------------------------------------------ Trainer events
 

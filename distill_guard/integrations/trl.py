@@ -56,14 +56,23 @@ def watch_trainer_teacher(
     when the fused loss hands its signals over), or, for a trainer that projects the teacher's
     hidden states itself (TRL's ``DistillationTrainer``), a tap on its
     ``_get_last_hidden_state`` (:func:`_tap_hidden_states`) plus the canary on the module."""
+    temperature = consumed_temperature(trainer)
     if callable(getattr(trainer, "_get_last_hidden_state", None)) and callable(
         getattr(teacher, "get_output_embeddings", None)
     ):
         if cb.guard.module_canary is None:
-            cb.guard.watch_module_teacher(teacher)
+            cb.guard.watch_module_teacher(teacher, temperature=temperature)
         _tap_hidden_states(trainer, cb)
     elif not cb.step_guard.watching:
-        cb.watch_teacher(teacher, logits=logits)
+        cb.watch_teacher(teacher, logits=logits, temperature=temperature)
+
+
+def consumed_temperature(trainer: Any) -> float | None:
+    """The temperature TRL's loss divides the teacher's logits by: ``self.temperature`` of
+    ``GKDTrainer`` and ``DistillationTrainer`` (trl 1.16 ``gkd_trainer.py`` and
+    ``distillation_trainer.py``, both ``args.temperature``); None for a trainer without one."""
+    t = getattr(trainer, "temperature", None)
+    return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else None
 
 
 def _tap_hidden_states(trainer: Any, cb: DistillGuardCallback) -> None:

@@ -96,8 +96,17 @@ class Driver(Protocol):
     resumes_where_halted: bool
     """Whether the resumed run goes on from the halted step (else from step 0)."""
 
-    def run(self, root: Path, poison: Poison | None = None) -> Outcome:
-        """A full run; ``poison`` applied to the teacher at step ``at`` (it stays bad)."""
+    def run(
+        self,
+        root: Path,
+        poison: Poison | None = None,
+        *,
+        at: int | None = None,
+        reference: bool = False,
+    ) -> Outcome:
+        """A full run; ``poison`` applied to the teacher at step ``at`` (the driver's own if
+        None; it stays bad). ``reference``: the guard gets the teacher's reference from its
+        checkpoint (``teacher_reference``), as docs/invariants.md §6 says to run."""
 
     def resume(self, root: Path, halted: Outcome, poison: Poison | None = None) -> Outcome:
         """Load ``halted.state`` without its halt (``load_state_dict(state, keep_halt=False)``)
@@ -106,6 +115,16 @@ class Driver(Protocol):
 
     def checkpoint(self, halted: Outcome) -> list[Path]:
         """The checkpoints the adapter's docs promise for ``halted.halt_step``."""
+
+
+def teacher_reference(root: Path) -> list[str]:
+    """The override giving the guard the teacher's reference from its checkpoint: the in-process
+    drivers' teacher (``tiny_qwen3()``, seed 0) written to ``root/teacher``, as a user's teacher
+    is loaded from one."""
+    path = root / "teacher_checkpoint"
+    if not (path / "config.json").exists():
+        tiny_qwen3().save_pretrained(path)
+    return [f"teacher_reference={path}"]
 
 
 def _overrides(events_path: Path) -> list[str]:
@@ -146,16 +165,25 @@ class PlainLoop(InProcess):
     name = "plain"
     records_checkpoint = False
 
-    def run(self, root: Path, poison: Poison | None = None, saved: dict | None = None) -> Outcome:
+    def run(
+        self,
+        root: Path,
+        poison: Poison | None = None,
+        saved: dict | None = None,
+        *,
+        at: int | None = None,
+        reference: bool = False,
+    ) -> Outcome:
         from distill_guard import StepGuard
 
         teacher = tiny_qwen3()
         student = student_of(teacher)
         optimizer = torch.optim.AdamW(student.parameters(), lr=1e-3)
         start = 0 if saved is None else saved["step"] + 1  # a resume goes on after the halt
-        at = self.at if saved is None else start
+        at = (self.at if at is None else at) if saved is None else start
         ledger = UpdateLedger(student, teacher, at=at if poison else None, poison=poison)
         overrides = [f"events_path={root / 'guard.jsonl'}", "alerts.use_wandb=false"]
+        overrides += teacher_reference(root) if reference else []
         sg = StepGuard("default", overrides, teacher=teacher)  # V learnt from the logits
         losses: list[float] = []
         if saved is not None:
@@ -219,7 +247,17 @@ class HFTrainer(InProcess):
     def __init__(self, name: str, flavour: str, needs: str, overrides: tuple[str, ...] = ()):
         self.name, self.flavour, self.needs, self.overrides = name, flavour, needs, overrides
 
-    def run(self, root: Path, poison: Poison | None = None, at: int = AT, **resume: Any):
+    def run(
+        self,
+        root: Path,
+        poison: Poison | None = None,
+        *,
+        at: int | None = None,
+        reference: bool = False,
+        **resume: Any,
+    ):
+        at = self.at if at is None else at
+        overrides = (*self.overrides, *(teacher_reference(root) if reference else []))
         with _trl_quiet():
             pytest.importorskip(self.needs)
             from distill_guard.integrations.transformers import GUARD_STATE_FILE
@@ -232,7 +270,7 @@ class HFTrainer(InProcess):
                 poison=poison,
                 at=at,
                 max_steps=self.steps,
-                overrides=self.overrides,
+                overrides=overrides,
                 **resume,
             )
         saved = sorted(r.out.glob("checkpoint-*"))
@@ -301,17 +339,28 @@ class Lightning(InProcess):
 
     name = "lightning"
 
-    def run(self, root: Path, poison: Poison | None = None, halted: Outcome | None = None):
+    def run(
+        self,
+        root: Path,
+        poison: Poison | None = None,
+        halted: Outcome | None = None,
+        *,
+        at: int | None = None,
+        reference: bool = False,
+    ):
         from distill_guard.integrations.lightning import DistillGuardCallback
 
         from ..test_lightning import Distill, cpu_trainer
 
         Ledger, Fixed = _lightning_callbacks()
-        at = self.at if halted is None else halted.host_steps
+        at = (self.at if at is None else at) if halted is None else halted.host_steps
         teacher = tiny_qwen3(seed=0)
         module = Distill(teacher, student_of(teacher))
         ledger = UpdateLedger(module.student, teacher, at=at if poison else None, poison=poison)
-        cb = DistillGuardCallback("default", overrides=_overrides(root / "events.jsonl"))
+        overrides = _overrides(root / "events.jsonl") + (
+            teacher_reference(root) if reference else []
+        )
+        cb = DistillGuardCallback("default", overrides=overrides)
         losses: list[float] = []
         callbacks = [Ledger(ledger, cb, losses), cb]
         if halted is not None:
@@ -369,11 +418,24 @@ class RelaxHarness:
         self.steps = relax_harness.STEPS
         self.halt_records = 1 + relax_harness.RANKS  # the rollout gate's, one per trainer rank
 
-    def run(self, root: Path, poison: Poison | None = None, state: dict | None = None) -> Outcome:
+    def run(
+        self,
+        root: Path,
+        poison: Poison | None = None,
+        state: dict | None = None,
+        *,
+        at: int | None = None,
+        reference: bool = False,
+        on_dead: str = "halt",
+    ) -> Outcome:
         from distill_guard.integrations import relax
         from distill_guard.teachers import TorchTeacher
 
-        at = self.at if state is None else 0  # a relaunch starts at rollout 0 (see above)
+        at = (self.at if at is None else at) if state is None else 0  # a relaunch: rollout 0
+        env = {}
+        if reference:  # the teacher's own checkpoint (the server's model_path), read here
+            base = f"run.vocab_size={self.harness.VOCAB} alerts.use_wandb=false repair.backoff_s=0"
+            env["DISTILL_GUARD_OVERRIDES"] = f"{base} teacher_reference=auto"
         gates = []
         configure, resume = relax.configure, TorchTeacher.resume
         wakes = 0
@@ -403,6 +465,8 @@ class RelaxHarness:
                 backup=True,
                 steps=self.steps,
                 context=self.context,
+                env=env,
+                on_dead=on_dead,
             )
         (gate,) = gates
         trained = [{s["step"]: s for s in r["steps"]} for r in result["ranks"]]

@@ -13,7 +13,11 @@ the others, not tests of its own. The scenarios:
 5. the halted run's guard state, loaded without its halt onto a fixed teacher, goes on to the
    end with no new finding;
 6. loaded onto a teacher still dead (garbage: only a reference can tell), it takes no update:
-   the state's canary reference catches it at the first resumed step.
+   the state's canary reference catches it at the first resumed step;
+7. a teacher wrong from step 0 (garbage, at temperature 2, a copy of the student: its first
+   fingerprint would be the fault's own) takes no update when the guard has the teacher's
+   reference from its checkpoint (``teacher_reference``; scenario 1 runs with it too, so the
+   reference itself is silent on a healthy teacher).
 
 The zeroed run of each adapter is made once (module scope) and read by scenarios 2, 4, 5 and 6.
 """
@@ -24,6 +28,8 @@ import math
 from pathlib import Path
 
 import pytest
+
+from distill_guard.testing.standins import at_temperature, become_student
 
 from .._tiny import VOCAB, garble, kill, loud
 from .adapters import Driver, HFTrainer, Lightning, Outcome, PlainLoop, RelaxHarness
@@ -73,7 +79,7 @@ def halted(driver, tmp_path_factory) -> Outcome:
 
 def test_a_healthy_run_is_silent_and_applies_every_update(driver, tmp_path, caplog, recwarn):
     caplog.set_level("INFO", logger="distill_guard")
-    r = driver.run(tmp_path)
+    r = driver.run(tmp_path, reference=True)
     assert r.findings == [] and r.count == {}, r.story()
     assert [e for e in r.events if e["kind"] in ("alert", "halt")] == [], r.story()
     assert loud(caplog.records) == []
@@ -145,3 +151,21 @@ def test_resume_onto_a_teacher_still_dead_is_caught_at_its_first_step(driver, ha
     assert r.poisoned == [] and not any(r.moved.values()), r.story()
     caught = [f for f in r.loud if f["code"] == DEAD["garbage"]]
     assert caught and caught[0]["step"] == first, r.story()
+
+
+WRONG_FROM_THE_START = {
+    "garbage": garble,
+    "temperature 2": at_temperature,
+    "student": become_student,
+}
+"""Teachers wrong from their first use; each scores like a teacher (peaked, finite), so only the
+checkpoint's reference can tell."""
+
+
+@pytest.mark.parametrize("wrong", list(WRONG_FROM_THE_START))
+def test_a_teacher_wrong_from_step_0_is_caught_before_the_first_update(driver, wrong, tmp_path):
+    r = driver.run(tmp_path, poison=WRONG_FROM_THE_START[wrong], at=0, reference=True)
+    assert r.poisoned == [] and not any(r.moved.values()), r.story()
+    caught = [f for f in r.findings if f["code"] == "teacher.reference_mismatch"]
+    assert caught and caught[0]["step"] == 0 and caught[0]["severity"] == "critical", r.story()
+    assert r.halt_step == driver.dead_steps - 1, r.story()
