@@ -423,3 +423,25 @@ def test_wrapped_teacher_manager_runs_its_own_sleep_and_wake_inside_the_guards(
         assert gate.guard.canary.verify(guard_side) == []
         guard_side.close()
         relax_side.close()
+
+
+def test_a_teacher_garbage_from_its_first_wake_is_repaired_against_its_checkpoint(
+    tmp_path, teacher_dir, forkserver
+):
+    """Relax offloads the teacher at launch and resumes it before rollout 0, so the guard's
+    first fingerprint is of whatever woke. Garbage at that first wake: without a reference it
+    is the reference, and rollout 0 trains on it; with the checkpoint's (``teacher_reference=
+    auto``: the server's model_path), the wake is caught, the reload from the checkpoint is
+    verified against it, the step is re-scored, and nothing poisoned reaches an update."""
+    from ._tiny import garble
+    from .conformance.adapters import RelaxHarness
+
+    driver = RelaxHarness(teacher_dir, context=forkserver)
+    blind = driver.run(tmp_path / "blind", poison=garble, at=0, on_dead="repair")
+    assert blind.poisoned == [0, 1] and blind.findings == [], blind.story()
+    r = driver.run(tmp_path / "ref", poison=garble, at=0, reference=True, on_dead="repair")
+    assert r.poisoned == [] and r.moved == {0: True, 1: True} and r.halt_step is None, r.story()
+    first = {f["code"]: f for f in reversed(r.findings)}
+    assert first["teacher.reference_mismatch"]["step"] == 0, r.story()
+    assert first["teacher.repaired"]["step"] == 0, r.story()
+    assert "checkpoint's reference" in first["teacher.repaired"]["message"]
