@@ -1,11 +1,13 @@
-"""``distill-guard``: replay a run's metric history; probe, preflight or serve a teacher.
+"""``distill-guard``: replay a run's metric history; probe, preflight or serve a teacher; make
+the teacher's reference file.
 
 One exit-code scheme for every command: 0 healthy; 1 the guard found a problem (warn or above,
 a lost teacher even if the probe repaired it, a critical configuration); 2 usage, input or
 connection error, or a missing extra, said in one line naming what was wrong, never a traceback;
 141 when the reader of the output went away (``... | head``), quietly.
 
-The commands are in :mod:`.replay`, :mod:`.live` (probe, preflight) and :mod:`.serve_reference`;
+The commands are in :mod:`.replay`, :mod:`.live` (probe, preflight), :mod:`.reference` and
+:mod:`.serve_reference`;
 what they share in :mod:`.base`. This module builds the one parser and maps errors to exit codes.
 """
 
@@ -35,6 +37,7 @@ from distill_guard.cli.live import (
     cmd_preflight,
     cmd_probe,
 )
+from distill_guard.cli.reference import add_reference, cmd_reference
 from distill_guard.cli.replay import add_replay, cmd_replay
 from distill_guard.cli.serve_reference import add_serve_reference, cmd_serve_reference
 from distill_guard.extras import EXTRAS, MissingExtra, install_line
@@ -50,11 +53,13 @@ __all__ = [
     "SGLANG_MODULES",
     "UsageError",
     "add_live",
+    "add_reference",
     "add_replay",
     "add_serve_reference",
     "build_parser",
     "cmd_preflight",
     "cmd_probe",
+    "cmd_reference",
     "cmd_replay",
     "cmd_serve_reference",
     "main",
@@ -78,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_replay(sub)
     add_live(sub)
+    add_reference(sub)
     return parser
 
 
