@@ -61,7 +61,7 @@ class GuardConfig:
     """Where the teacher's reference from outside the run comes from: a reference file made by
     ``distill-guard reference``, the teacher's checkpoint directory, or ``auto`` (the
     teacher's own: the server's ``model_path``, a module's ``name_or_path``). None: the canary
-    trusts the teacher's first fingerprint (``docs/invariants.md`` §6 says when that is safe)."""
+    trusts the teacher's first fingerprint (``docs/invariants.md`` §3.1 says when that is safe)."""
     checks: ChecksConfig = field(default_factory=ChecksConfig)
     """Every check's thresholds, and whether it runs."""
     policy: Policy = field(default_factory=Policy)

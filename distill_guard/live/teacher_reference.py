@@ -5,7 +5,7 @@ as soon as the teacher woke wrong (garbage, another checkpoint, another temperat
 student). This reference is taken where no wake can reach: the checkpoint on disk, loaded in a
 process that never slept (the guard's own, or the launcher's, which ships it as a JSON file:
 ``distill-guard reference``), scored at the run's declared teacher temperature. The canary holds
-every wake, every in-process step and every repair against it (``docs/invariants.md`` §6).
+every wake, every in-process step and every repair against it (``docs/invariants.md`` §3.1).
 
 Where it comes from (``GuardConfig.teacher_reference``):
 

@@ -106,7 +106,7 @@ class Driver(Protocol):
     ) -> Outcome:
         """A full run; ``poison`` applied to the teacher at step ``at`` (the driver's own if
         None; it stays bad). ``reference``: the guard gets the teacher's reference from its
-        checkpoint (``teacher_reference``), as docs/invariants.md §6 says to run."""
+        checkpoint (``teacher_reference``), as docs/invariants.md §3.1 says to run."""
 
     def resume(self, root: Path, halted: Outcome, poison: Poison | None = None) -> Outcome:
         """Load ``halted.state`` without its halt (``load_state_dict(state, keep_halt=False)``)
