@@ -154,3 +154,21 @@ def test_the_not_in_the_file_line_names_the_names_tried(tmp_path):
     assert "completions/truncated_fraction)" in line
     assert "eval_accuracy (tried eval/accuracy, eval_accuracy, val/acc, " in line
     assert "NOTICE" not in table  # nothing looks like a missing role
+
+
+@pytest.mark.parametrize("shape", ["saturating", "linear"])
+@pytest.mark.parametrize("convention", ["relax", "trl", "demo"])
+def test_the_seed_run_replayed_from_its_metrics_alone_halts_by_step_5(tmp_path, convention, shape):
+    """Issue 23's acceptance: the seed's own trajectory (the JSD at its ceiling at step 0 only,
+    then the loss "converging" while the entropy climbs and accuracy falls; no teacher column),
+    under Relax's, TRL's and the demo's names, the default preset, no --vocab-size. The step-0
+    critical is left open (nothing can act on it in a replay), and the student's own signals,
+    judged against the student before its first update, confirm it."""
+    from distill_guard.testing.histories import renamed, seed_history, write_jsonl
+
+    path = write_jsonl(renamed(seed_history(shape=shape), convention), tmp_path / "seed.jsonl")
+    result = replay(load_history(path))
+    assert result.halt_step is not None and result.halt_step <= 5, format_table(result)
+    halt = result.halt_decision
+    assert {f.code for f in halt.reasons} >= {"student.follows_dead_teacher"}, halt
+    assert result.first["loss.jsd_ceiling"] == 0
