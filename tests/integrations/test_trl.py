@@ -163,6 +163,7 @@ def run(
     spy: list | None = None,
     guard_state: dict | None = None,
     resume_from: Path | None = None,
+    temperature: float = 0.9,
 ) -> Run:
     """Train the tiny student for ``max_steps`` with the guard; ``poison(teacher)`` at step ``at``.
 
@@ -217,7 +218,7 @@ def run(
             gradient_checkpointing=False,  # TRL's default is on
             lmbda=lmbda,
             beta=0.5,
-            temperature=0.9,
+            temperature=temperature,
             max_new_tokens=MAX_NEW_TOKENS,
             max_length=64,
         )
@@ -240,7 +241,7 @@ def run(
             bf16=False,
             gradient_checkpointing=False,
             beta=0.5,
-            temperature=0.9,
+            temperature=temperature,
             max_completion_length=MAX_NEW_TOKENS,
         )
         prompts = [{"prompt": r["messages"][:1]} for r in chat_rows()]
@@ -454,3 +455,27 @@ def test_fused_loss_on_gkd_zeroed_teacher_takes_no_update(tmp_path):
     assert not [f for f in r.findings if f["step"] < POISON_AT], r.story()
     assert r.callback.guard.halted and r.callback.guard.halt.step == POISON_AT + 2, r.story()
     assert sum(r.ledger.changed.values()) == POISON_AT, r.story()
+
+
+@pytest.mark.parametrize("declared", [None, 0.9])
+def test_gkd_at_another_temperature_than_the_run_declares_trains_nothing(tmp_path, declared):
+    """GKDTrainer divides the teacher's logits by its ``temperature`` in the loss. Undeclared,
+    that temperature is the run's: the reference is taken at it and a GKD run at 2 is healthy.
+    A run that declares 0.9 and trains at 2 consumes a teacher 2× hotter than declared: caught
+    at step 0 by the checkpoint's reference, before the first update."""
+    pytest.importorskip("trl.experimental.gkd")
+    ckpt = tmp_path / "teacher"
+    tiny_qwen3(seed=0).save_pretrained(ckpt)
+    overrides = [f"teacher_reference={ckpt}"]
+    if declared is not None:
+        overrides.append(f"run.teacher_temperature={declared}")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+        r = run(tmp_path, "trl", max_steps=4, overrides=overrides, temperature=2.0)
+    count = dict(r.callback.guard.summary.count)
+    if declared is None:
+        assert count == {} and all(r.ledger.changed.values()), count
+        assert r.callback.guard.run.teacher_temperature == 2.0
+    else:
+        assert not any(r.ledger.changed.values()) and r.ledger.poisoned == [], r.ledger.changed
+        assert r.callback.guard.summary.first["teacher.reference_mismatch"] == 0, count
