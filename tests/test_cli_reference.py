@@ -34,9 +34,11 @@ def test_it_writes_the_reference_a_run_then_loads(checkpoint, tmp_path, capsys):
 def test_json_and_temperature(checkpoint, tmp_path, capsys):
     out = tmp_path / "ref.json"
     args = ["reference", str(checkpoint), "--out", str(out), "--teacher-temperature", "2", "--json"]
-    assert main(args) == 0
+    assert main([*args, "--tolerance-mean", "0.3"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["temperature"] == 2.0 and summary["tokens"] == 64
+    ref = TeacherReference.load(out)
+    assert ref.tolerance("bfloat16") == (0.3, 3.0) and ref.tolerance("float32") == (0.3, 0.1)
 
 
 @pytest.mark.parametrize(
@@ -44,6 +46,7 @@ def test_json_and_temperature(checkpoint, tmp_path, capsys):
     [
         (["--teacher-temperature", "0"], "--teacher-temperature must be a finite number > 0"),
         (["--set", "checks.canary.nope=1"], "bad guard setting"),
+        (["--tolerance-max", "-1"], "--tolerance-max must be > 0"),
     ],
 )
 def test_bad_input_is_one_line_naming_it(checkpoint, tmp_path, capsys, extra, says):

@@ -31,6 +31,19 @@ def add_reference(sub: argparse._SubParsersAction) -> None:
         default="float32",
         help="dtype of the reference forward (default float32: the most exact there is)",
     )
+    p.add_argument(
+        "--tolerance-mean",
+        type=float,
+        default=None,
+        help="largest mean |Δ logprob| (nats) of a healthy teacher against it; default by the "
+        "teacher's serving dtype (bf16 0.5, fp16 0.1, fp32 0.02)",
+    )
+    p.add_argument(
+        "--tolerance-max",
+        type=float,
+        default=None,
+        help="largest single |Δ logprob| (nats); default by dtype (bf16 3, fp16 0.5, fp32 0.1)",
+    )
     p.add_argument("--preset", default="default", help=f"guard preset: {', '.join(PRESETS)}")
     p.add_argument(
         "--set",
@@ -80,6 +93,11 @@ def cmd_reference(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         raise UsageError(f"bad guard setting: {str(exc).splitlines()[0]}") from None
+    for name in ("tolerance_mean", "tolerance_max"):
+        value = getattr(args, name)
+        if value is not None and not value > 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+        setattr(ref, name, value)
     ref.save(out)
     summary = {
         "out": str(out),
