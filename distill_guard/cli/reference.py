@@ -73,6 +73,10 @@ def cmd_reference(args: argparse.Namespace) -> int:
 
     if args.preset not in PRESETS:
         raise UsageError(f"unknown preset '{args.preset}'; choose one of {', '.join(PRESETS)}")
+    for name in ("tolerance_mean", "tolerance_max"):
+        value = getattr(args, name)
+        if value is not None and not value > 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be > 0, got {value}")
     out = Path(args.out)
     if not out.resolve().parent.is_dir():
         raise UsageError(f"--out {out}: the folder {out.parent} does not exist")
@@ -93,11 +97,7 @@ def cmd_reference(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         raise UsageError(f"bad guard setting: {str(exc).splitlines()[0]}") from None
-    for name in ("tolerance_mean", "tolerance_max"):
-        value = getattr(args, name)
-        if value is not None and not value > 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be > 0, got {value}")
-        setattr(ref, name, value)
+    ref.tolerance_mean, ref.tolerance_max = args.tolerance_mean, args.tolerance_max
     ref.save(out)
     summary = {
         "out": str(out),
