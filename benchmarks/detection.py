@@ -2,7 +2,8 @@
 
 Healthy families (false alarms = findings at warn or above, per 10k steps): noise levels, slow
 drifts and periodic wobble, learning-rate warm-up and decay shapes, isolated loss, entropy and
-top-k metric spikes, eval noise and truncation bursts, everything at once; as role metrics, as
+top-k metric spikes, eval noise and truncation bursts, a student sharpening fast from step 0,
+everything at once; as role metrics, as
 JSONL files in Relax's metric names through ``replay``, and with in-process teacher tensors
 every step (top-k rows with their ids, the sampled tokens with their ids and logprobs, and the
 sample of each position, drawn consistently from one teacher).
@@ -12,7 +13,10 @@ a garbage teacher; partial collapse (some rows; one rank of four; one sample in 
 degrading over 100 steps; a dead teacher under each loss (JSD at β 0.1/0.5/0.9, forward and
 reverse KL) and scale; token pairing (another tokenizer's ids, rows shifted by one position, ids
 beyond the student's vocabulary); a JSD at β = 1e-6; a loss too small to teach; a top-k loss's
-clamp and student mass.
+clamp and student mass; failures present from step 0 (k = 0, so the delay is the step of the
+first warn+ finding): the seed run's shape (a teacher dead from step 0, with and without a
+teacher-logprob column) and a healthy teacher with a learning rate far too high. For these the
+first finding from the student's own signals is measured too.
 Every history is a pure function of (family, seed); the presets see the same histories.
 
 Run: ``.venv/bin/python benchmarks/detection.py [--quick] [--presets default,strict] [--seeds N]``
@@ -149,6 +153,7 @@ HEALTHY = {
     "spikes": ((0.01, 0.05), 0.1, 0.02, 1 / 150, 0.0, 0.02, False),
     "eval+truncation": ((0.01, 0.05), 0.1, 0.02, 0.0, 1 / 150, 0.03, False),
     "mixed": ((0.01, 0.10), 0.3, 0.1, 1 / 300, 1 / 300, 0.03, True),
+    "sharpening from step 0": ((0.01, 0.10), 0.3, 0.1, 1 / 300, 1 / 300, 0.03, True),
     "relax names (replay)": ((0.01, 0.10), 0.3, 0.1, 1 / 300, 1 / 300, 0.03, True),
     "tensors (in-process)": ((0.01, 0.10), 0.3, 0.1, 1 / 300, 1 / 300, 0.03, True),
 }
@@ -190,6 +195,17 @@ def healthy_series(rng: np.random.Generator, n: int, setup: Setup, family: str) 
     )
     lp = rng.uniform(-1.5, -0.3) * (1 + 0.1 * drift_curve(rng, n)) + rng.normal(0, 0.02, n)
     return {"loss": loss, "ent": ent, "trunc": trunc.clip(0, 1), "lp": lp, "acc": acc.clip(0, 1)}
+
+
+def sharpen(rng: np.random.Generator, x: dict, setup: Setup) -> None:
+    """A student sharpening fast on a confident teacher from its first update: entropy down by
+    30–80 % over the first 5–30 steps (e-folding), the loss from up to 5× its level down to it
+    as fast (below 0.9 of a JSD's ceiling)."""
+    s = np.arange(x["ent"].size)
+    x["ent"] = x["ent"] * (1 - rng.uniform(0.3, 0.8) * (1 - np.exp(-s / rng.uniform(5, 30))))
+    loss = x["loss"] * (1 + rng.uniform(1, 4) * np.exp(-s / rng.uniform(5, 30)))
+    cap = 0.9 * setup.ceiling * setup.scale if setup.ceiling else math.inf
+    x["loss"] = np.minimum(loss, np.maximum(cap, x["loss"]))
 
 
 def topk_metrics(rng: np.random.Generator, n: int, family: str) -> dict:
@@ -340,12 +356,21 @@ FAILING = {
     "no signal: loss ≈ 1e-6, β fine (loss drawn)": ("nosignal", "metrics", None, None),
     "top-k clamp rising to 0.85–0.95": ("clamp", "metrics", None, None),
     "student top-k mass falling 0.3–0.5": ("mass", "metrics", None, None),
+    "seed shape from step 0: JSD, no teacher column": ("seed", "loss", "JSD@0.5", None),
+    "seed shape from step 0: JSD, teacher-logprob column": ("seed", "column", "JSD@0.5", None),
+    "LR far too high from step 0, teacher healthy (top-k)": ("lr", "topk", None, None),
 }
 OLD_KINDS = ("dead", "garbage", "partial", "rank", "degrade")
 """Failures that reach the loss, entropy, truncation and eval metrics (``fail_series``)."""
-FROM_START = {"beta": 0, "nosignal": 19}
-"""Failures present from step 0 (k = 0), with the step they should be caught at: β at once,
-a loss too small at the end of the check's 20-step warm-up."""
+FROM_START = {"beta": 0, "nosignal": 19, "seed": 0, "lr": 40}
+"""Failures present from step 0 (k = 0), with the step they should be caught by: β at once,
+a loss too small at the end of the check's 20-step warm-up, the seed's loss at the ceiling at
+once, a loss that multiplies by 4–10 over 10–40 steps by the time it has tripled (≤ step 32)
+plus the window's lag."""
+STUDENT_SIGNAL = ("seed", "lr")
+"""Failures from step 0 whose first finding from the student's own signals is measured too."""
+STUDENT_CODES = ("student.", "eval.", "loss.rise")
+"""Findings from the student's own signals (its entropy, truncation, evaluations, loss rise)."""
 
 
 def fail_series(rng: np.random.Generator, x: dict, setup: Setup, k: int, kind: str) -> dict:
@@ -380,6 +405,41 @@ def fail_series(rng: np.random.Generator, x: dict, setup: Setup, k: int, kind: s
     x["acc"] = x["acc"] * (1 - frac * np.where(on, 1 - np.exp(-t.clip(0) / tau), 0.0))
     x["frac"], x["a"] = frac, a
     return x
+
+
+def seed_series(rng: np.random.Generator, x: dict, setup: Setup) -> None:
+    """The seed run (docs/invariants.md §1.5), a uniform teacher from step 0: the loss at 96.5–
+    99.5 % of the JSD ceiling at step 0, below 95 % from step 1 (e-folding over 3–20 steps) and
+    down to 1e-4; entropy from its healthy level up 20–40 % of the way to ln V over 150–250
+    steps, saturating or straight; truncation up to 1 over 50–200 steps; eval accuracy falling
+    from its first evaluation (e-folding over 3–15 steps)."""
+    n, lv = x["loss"].size, setup.log_v
+    t = np.arange(n)
+    x["loss"] = setup.scale * (
+        setup.ceiling * rng.uniform(0.965, 0.995) * np.exp(-t / rng.uniform(3, 20)) + 1e-4
+    )
+    h0 = float(np.median(x["ent"][:5]))
+    u = (t / rng.uniform(150, 250)).clip(0, 1)
+    shape = (1 - np.exp(-4 * u)) / (1 - math.exp(-4)) if rng.random() < 0.5 else u
+    x["ent"] = x["ent"] + rng.uniform(0.2, 0.4) * (lv - h0) * shape
+    x["trunc"] = x["trunc"] + (1 - x["trunc"]) * (t / rng.uniform(50, 200)).clip(0, 1)
+    x["acc"] = x["acc"] * np.exp(-t / rng.uniform(3, 15))
+    x["lp"] = np.full(n, -lv)
+    x["a"], x["frac"] = np.ones(n), 1.0
+
+
+def lr_series(rng: np.random.Generator, x: dict, setup: Setup) -> None:
+    """A healthy teacher and a student whose learning rate is far too high from step 0: the loss
+    starts at 2–10 % of a JSD's ceiling (0.02–0.3 for a KL) and multiplies by 4–10 over 10–40
+    steps (below 0.9 of the ceiling), with 1–10 % noise; everything else stays healthy."""
+    n, t = x["loss"].size, np.arange(x["loss"].size)
+    start = setup.ceiling * rng.uniform(0.02, 0.1) if setup.ceiling else rng.uniform(0.02, 0.3)
+    factor = rng.uniform(4, 10)
+    if setup.ceiling:
+        factor = min(factor, 0.9 * setup.ceiling / start)
+    rise = factor ** (t / rng.uniform(10, 40)).clip(0, 1)
+    x["loss"] = setup.scale * start * rise * np.exp(rng.normal(0, rng.uniform(0.01, 0.1), n))
+    x["a"], x["frac"] = np.zeros(n), 1.0
 
 
 def fail_topk_metrics(rng: np.random.Generator, x: dict, k: int, kind: str) -> None:
@@ -498,6 +558,8 @@ def run_healthy(family: str, seed: int, preset: str) -> dict:
     more = task_rng("healthy+", family, seed)  # a second stream: the older draws stay as they were
     if more.random() < 0.5:
         setup = replace(setup, student_vocab=setup.vocab)
+    if family.startswith("sharpening"):
+        sharpen(more, x, setup)
     found: list = []
     if family.startswith("relax"):  # Relax logs no top-k metrics
         with tempfile.TemporaryDirectory() as tmp:
@@ -532,6 +594,10 @@ def run_failing(family: str, seed: int, preset: str) -> dict:
     x = healthy_series(rng, n, setup, "mixed")
     if kind in OLD_KINDS:
         x = fail_series(rng, x, setup, k, kind)
+    elif kind == "seed":
+        seed_series(rng, x, setup)
+    elif kind == "lr":
+        lr_series(rng, x, setup)
     else:
         x["a"], x["frac"] = (np.arange(n) >= k) * 1.0, 1.0
     if mode in ("topk", "token"):
@@ -548,27 +614,38 @@ def run_failing(family: str, seed: int, preset: str) -> dict:
             x["frac"] = more.uniform(0.01, 0.3)
         x["pool"] = position_pool(more, setup.student_vocab or setup.vocab)
         x["samples"], x["replica"] = int(more.integers(4, 17)), int(more.integers(4))
-    elif kind in FROM_START:
+    elif kind in ("beta", "nosignal"):
         x["loss"] = 1e-6 * setup.scale * np.exp(more.normal(0, 0.1, n))
     else:
         fail_topk_metrics(more, x, k, kind)
     found: list = []
     g = new_guard(preset, setup, found)
     delay, first = None, Counter()
+    student, student_first = None, Counter()
+    want_student = kind in STUDENT_SIGNAL
     for i in range(n):
         if mode == "full":
             g.on_teacher_scores(i, **full_batch(more, setup, kind, x, i))
         elif mode in ("topk", "token"):
-            tok, top = teacher_batch(rng, setup, mode, kind, x, i)
+            tok, top = teacher_batch(rng, setup, mode, None if kind == "lr" else kind, x, i)
             g.on_teacher_scores(i, token_logprobs=tok, topk_logprobs=top)
-        g.on_step_metrics(i, metrics_at(x, i, mode == "token"))
-        hits = [f for f in found if f.severity >= Severity.WARN and f.step >= k]
-        if hits:
-            delay, first = i - k, Counter({f.code for f in hits if f.step == i})
+        g.on_step_metrics(i, metrics_at(x, i, mode in ("token", "column")))
+        hits = [f for f in found if f.severity >= Severity.WARN and f.step == i and f.step >= k]
+        if hits and delay is None:
+            delay, first = i - k, Counter({f.code for f in hits})
+        mine = [f for f in hits if f.code.startswith(STUDENT_CODES)]
+        if want_student and mine and student is None:
+            student, student_first = i - k, Counter({f.code for f in mine})
+        if delay is not None and (student is not None or not want_student):
             break
     early = Counter(f.code for f in found if f.severity >= Severity.WARN and f.step < k)
     out = {"kind": "failing", "family": family, "preset": preset, "steps": n, "delay": delay}
-    return out | {"first": first, "early": early}
+    return out | {
+        "first": first,
+        "early": early,
+        "student": student,
+        "student_first": student_first,
+    }
 
 
 def run_task(task: tuple[str, str, int, str]) -> dict:
@@ -606,9 +683,10 @@ def report(results: list[dict], preset: str) -> None:
         md(name, len(fr), f"{steps:,}", n_al, per, bad, codes(alarms))
     print()
     print(
-        "| failing family | detected | median delay | worst | goal | early (before k) | first codes |"
+        "| failing family | detected | median delay | worst | goal | early (before k) | first codes "
+        "| student signal: median / worst, codes |"
     )
-    print("|---|---:|---:|---:|---|---|---|")
+    print("|---|---:|---:|---:|---|---|---|---|")
     for fam, (kind, mode, *_) in FAILING.items():
         fr = [r for r in rs if r["kind"] == "failing" and r["family"] == fam]
         if not fr:
@@ -620,14 +698,20 @@ def report(results: list[dict], preset: str) -> None:
             kind, None if mode == "metrics" else 3 if mode == "loss" else 1
         )
         goal = (
-            "–" if target is None else f"at step {target}" if kind in FROM_START else f"≤ {target}"
+            "–" if target is None else f"by step {target}" if kind in FROM_START else f"≤ {target}"
         )
         if target is not None:
             goal += " met" if len(d) == len(fr) and d[-1] <= target else " **not met**"
         early = sum((r["early"] for r in fr), Counter())
         first = sum((r["first"] for r in fr), Counter())
         med, worst = (f"{np.median(d):g}", d[-1]) if d else ("–", "–")
-        md(fam, f"{len(d)}/{len(fr)}", med, worst, goal, codes(early), codes(first))
+        sd = sorted(r["student"] for r in fr if r["student"] is not None)
+        student = "–"
+        if kind in STUDENT_SIGNAL:
+            s_first = sum((r["student_first"] for r in fr), Counter())
+            seen = f"{np.median(sd):g} / {sd[-1]}" if sd else "none"
+            student = f"{len(sd)}/{len(fr)}: {seen}, {codes(s_first)}"
+        md(fam, f"{len(d)}/{len(fr)}", med, worst, goal, codes(early), codes(first), student)
 
 
 def main() -> None:

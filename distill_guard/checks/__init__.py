@@ -10,6 +10,7 @@ from distill_guard.checks.canary import CanaryCheck
 from distill_guard.checks.entropy_drift import EntropyDriftCheck
 from distill_guard.checks.eval_accuracy import EvalAccuracyCheck
 from distill_guard.checks.jsd_ceiling import JSDCeilingCheck
+from distill_guard.checks.loss_rise import LossRiseCheck
 from distill_guard.checks.loss_shift import LossShiftCheck
 from distill_guard.checks.loss_signal import LossSignalCheck
 from distill_guard.checks.nonfinite import NonfiniteMetricsCheck
@@ -30,6 +31,7 @@ class ChecksConfig:
     entropy_drift: EntropyDriftCheck = field(default_factory=EntropyDriftCheck)
     truncation: TruncationCheck = field(default_factory=TruncationCheck)
     loss_shift: LossShiftCheck = field(default_factory=LossShiftCheck)
+    loss_rise: LossRiseCheck = field(default_factory=LossRiseCheck)
     eval_accuracy: EvalAccuracyCheck = field(default_factory=EvalAccuracyCheck)
     token_pairing: TokenPairingCheck = field(default_factory=TokenPairingCheck)
     loss_signal: LossSignalCheck = field(default_factory=LossSignalCheck)
@@ -58,6 +60,7 @@ __all__ = [
     "EntropyDriftCheck",
     "EvalAccuracyCheck",
     "JSDCeilingCheck",
+    "LossRiseCheck",
     "LossShiftCheck",
     "LossSignalCheck",
     "NonfiniteMetricsCheck",

@@ -3,7 +3,9 @@
 One step of any size cannot move the median of five, so no metric check warns on an isolated
 outlier (a hard batch, an entropy blip); a sustained shift moves the median within
 ``window // 2 + 1`` steps. The reference is the warm-up's median with a MAD-based σ, so a spike
-inside the warm-up does not inflate it either.
+inside the warm-up does not inflate it either. Its anchor is the first value: the student before
+its first update, the one level a failure present from step 0 cannot have moved.
+:class:`FollowUp` keeps the student's level before an open incident and its values since.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from distill_guard.errors import GuardValueError
+from distill_guard.findings import Code, Finding, Severity
 
 MAD_TO_SIGMA = 1.4826
 """σ of a normal distribution per unit of median absolute deviation."""
@@ -22,9 +25,13 @@ MAD_TO_SIGMA = 1.4826
 
 @dataclass
 class Reference:
-    """Median and robust σ of the first ``size`` finite values, frozen once taken.
+    """Median and robust σ of the first ``size`` finite values, frozen once taken, and the
+    ``anchor``: the first finite value of all.
 
-    Frozen on purpose: a running reference would chase the drift it should detect.
+    Frozen on purpose: a running reference would chase the drift it should detect. The anchor is
+    there from the first value on; at step 0 it is the student before any update (it made the
+    step-0 samples), so a failure present from the start, which the warm-up would learn as
+    healthy, cannot have moved it.
     """
 
     size: int
@@ -32,14 +39,24 @@ class Reference:
     min_sigma_abs: float = 0.0
     median: float | None = None
     sigma: float | None = None
+    anchor: float | None = None
     _pending: list[float] = field(default_factory=list)
 
     @property
     def ready(self) -> bool:
         return self.median is not None
 
+    def floor_sigma(self, level: float) -> float:
+        """σ from the floors alone at ``level``: what is known of the noise before a warm-up."""
+        return max(self.min_sigma_rel * abs(level), self.min_sigma_abs, 1e-12)
+
     def add(self, value: float) -> None:
-        """Count one finite value toward the warm-up; no effect once frozen."""
+        """Count one finite value toward the warm-up (the first one is the anchor); no effect
+        on the median once frozen."""
+        if not math.isfinite(value):
+            return
+        if self.anchor is None:
+            self.anchor = value
         if self.ready:
             return
         self._pending.append(value)
@@ -47,18 +64,25 @@ class Reference:
             med = statistics.median(self._pending)
             mad = statistics.median(abs(x - med) for x in self._pending)
             self.median = med
-            self.sigma = max(
-                MAD_TO_SIGMA * mad, self.min_sigma_rel * abs(med), self.min_sigma_abs, 1e-12
-            )
+            self.sigma = max(MAD_TO_SIGMA * mad, self.floor_sigma(med))
             self._pending = []
 
     def state_dict(self) -> dict[str, Any]:
-        return {"median": self.median, "sigma": self.sigma, "pending": list(self._pending)}
+        return {
+            "median": self.median,
+            "sigma": self.sigma,
+            "anchor": self.anchor,
+            "pending": list(self._pending),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.median = state.get("median")
         self.sigma = state.get("sigma")
         self._pending = [float(x) for x in state.get("pending", [])]
+        if "anchor" in state:
+            self.anchor = None if state["anchor"] is None else float(state["anchor"])
+        else:  # a state from before the anchor: its first value, else its warm-up median
+            self.anchor = self._pending[0] if self._pending else self.median
 
 
 @dataclass
@@ -123,3 +147,109 @@ class Episode:
         start = on and not self.active
         self.active = on
         return start
+
+
+@dataclass
+class FollowUp:
+    """The student's own level before an open incident, and the median of its values since.
+
+    ``StepMetrics.open_incident`` is the step N of a teacher-attributed critical finding that
+    nothing could act on. The level before it is the median of the last ``window`` values at
+    steps ≤ N: at N = 0 that is the first value, the student before any update, and a step's
+    metrics are taken before its own update, so even step N's value is the student before the
+    incident trained it. :meth:`add` returns the median of the last ``window`` values after N
+    (None until there are that many, and always None without an open incident). A new incident
+    step starts over; :attr:`said` lets a check confirm each incident once.
+    """
+
+    window: int = 3
+    keep: int = 16
+    """Values kept to find the level before an incident opened a few steps ago."""
+    incident: int | None = None
+    baseline: float | None = None
+    said: bool = False
+    first: float | None = None
+    """The first value of all: the level when nothing at or before the incident was kept."""
+    _recent: deque[tuple[int, float]] = field(default_factory=deque)
+    _since: deque[float] = field(default_factory=deque)
+
+    def __post_init__(self) -> None:
+        if self.window < 1:
+            raise GuardValueError(f"window must be >= 1, got {self.window}")
+        self._recent = deque(self._recent, maxlen=max(self.keep, self.window))
+        self._since = deque(self._since, maxlen=self.window)
+
+    def add(
+        self, step: int, value: float, incident: int | None, fallback: float | None = None
+    ) -> float | None:
+        """Record one finite value of ``step``; with an open ``incident``, the median of the
+        last ``window`` values after it. ``fallback``: the level to use when no value at or
+        before the incident was kept (default: the first value)."""
+        if not math.isfinite(value):
+            return None
+        if self.first is None:
+            self.first = value
+        self._recent.append((step, value))
+        if incident is None:
+            self.incident, self.baseline, self.said = None, None, False
+            self._since.clear()
+            return None
+        if incident != self.incident:
+            self.incident, self.said = incident, False
+            before = [v for s, v in self._recent if s <= incident][-self.window :]
+            self.baseline = (
+                statistics.median(before)
+                if before
+                else (fallback if fallback is not None else self.first)
+            )
+            self._since = deque((v for s, v in self._recent if s > incident), maxlen=self.window)
+        elif step > incident:
+            self._since.append(value)
+        if self.baseline is None or len(self._since) < self.window:
+            return None
+        return statistics.median(self._since)
+
+    def finding(self, step: int, what: str, values: dict[str, Any]) -> Finding:
+        """``student.follows_dead_teacher`` for this incident, said once."""
+        self.said = True
+        values = {**values, "baseline": self.baseline, "follow_up_window": self.window}
+        return follows_dead_teacher(step, self.incident, what, values)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "incident": self.incident,
+            "baseline": self.baseline,
+            "said": self.said,
+            "first": self.first,
+            "recent": [[s, v] for s, v in self._recent],
+            "since": list(self._since),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.incident = state.get("incident")
+        self.baseline = state.get("baseline")
+        self.said = bool(state.get("said", False))
+        self.first = state.get("first")
+        self._recent = deque(
+            ((int(s), float(v)) for s, v in state.get("recent", [])), maxlen=self._recent.maxlen
+        )
+        self._since = deque((float(v) for v in state.get("since", [])), maxlen=self.window)
+
+
+def follows_dead_teacher(
+    step: int, incident: int | None, what: str, values: dict[str, Any]
+) -> Finding:
+    """``student.follows_dead_teacher``: ``what`` says what was measured against which bound;
+    the rest says what it confirms and what to do (the policy halts on it at once)."""
+    return Finding(
+        Code.STUDENT_FOLLOWS_DEAD_TEACHER,
+        Severity.CRITICAL,
+        f"{what} The teacher-attributed critical finding of step {incident} could not be acted "
+        "on and is still open (no verified repair, no healthy teacher evidence since): the "
+        "student now moves the way a dead teacher moves it, which confirms the incident. The "
+        "guard halts the run (automatic). Relaunch the teacher with its weights' CPU backup "
+        "(SGLang --enable-weights-cpu-backup), check that it scores sanely, and roll back to a "
+        f"checkpoint from before step {incident}: every update since trained on it.",
+        step,
+        {**values, "open_incident": incident},
+    )

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from distill_guard.checks.base import Check, likely_cause
-from distill_guard.checks.robust import RollingMedian
+from distill_guard.checks.robust import FollowUp, RollingMedian
 from distill_guard.findings import Code, Finding, Severity
 from distill_guard.observations import Metric, RunSpec, StepMetrics
 
@@ -20,6 +20,11 @@ class TruncationCheck(Check):
     A student pushed toward a uniform teacher loses its EOS probability, so every response runs
     to the length limit. A burst of one or two long batches moves no median of five; truncation
     alone does not say why, so this only warns.
+
+    With an open incident (``StepMetrics.open_incident``), a small follow-up bound applies: the
+    median ratio of the ``window`` steps since, up ``follow_up_rise_abs`` from its own level
+    before the incident (its first value for an incident at step 0), is
+    ``student.follows_dead_teacher`` (critical).
     """
 
     name: ClassVar[str] = "truncation"
@@ -30,18 +35,24 @@ class TruncationCheck(Check):
     """Median truncated fraction of responses at or above which the check warns."""
     window: int = 5
     """Steps in the median; more than half of them must be at the limit."""
+    follow_up_rise_abs: float = 0.1
+    """With an open incident: the median of the ``window`` steps since, this much above the
+    median before it, confirms it (a dead teacher takes the ratio to 1; a healthy batch's ratio
+    varies by a few hundredths, and its bursts of one or two steps move no median of five)."""
 
     def __post_init__(self) -> None:
         self._recent = RollingMedian(self.window)
+        self._follow = FollowUp(self.window)
 
     def on_step_metrics(self, metrics: StepMetrics, run: RunSpec) -> list[Finding]:
         ratio = metrics.get(Metric.TRUNCATED_RATIO)
         if not self.enabled or ratio is None or not math.isfinite(ratio):
             return []
         median = self._recent.add(ratio)
+        findings = self._follow_up(metrics, ratio)
         if median is None or median < self.max_ratio:
-            return []
-        return [
+            return findings
+        return findings + [
             Finding(
                 Code.STUDENT_TRUNCATION,
                 Severity.WARN,
@@ -59,8 +70,22 @@ class TruncationCheck(Check):
             )
         ]
 
+    def _follow_up(self, metrics: StepMetrics, ratio: float) -> list[Finding]:
+        follow = self._follow
+        since = follow.add(metrics.step, ratio, metrics.open_incident)
+        if since is None or follow.said or since - follow.baseline < self.follow_up_rise_abs:
+            return []
+        what = (
+            f"Truncated responses follow the open incident of step {follow.incident}: a median "
+            f"{since:.0%} over the {follow.window} steps since, up {since - follow.baseline:.2f} "
+            f"from {follow.baseline:.0%} before it (follow-up bound {self.follow_up_rise_abs:g})."
+        )
+        values = {"truncated_ratio": ratio, "median_since": since}
+        return [follow.finding(metrics.step, what, values | {"bound": self.follow_up_rise_abs})]
+
     def state_dict(self) -> dict[str, Any]:
-        return {"recent": self._recent.state_dict()}
+        return {"recent": self._recent.state_dict(), "follow_up": self._follow.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._recent.load_state_dict(state.get("recent", {}))
+        self._follow.load_state_dict(state.get("follow_up", {}))

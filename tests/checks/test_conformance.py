@@ -25,6 +25,7 @@ from distill_guard.checks import (
     EntropyDriftCheck,
     EvalAccuracyCheck,
     JSDCeilingCheck,
+    LossRiseCheck,
     LossShiftCheck,
     LossSignalCheck,
     NonfiniteMetricsCheck,
@@ -89,6 +90,10 @@ PROVOCATIONS: dict[type, Provocation] = {
         RunSpec(loss=LossKind.FORWARD_KL),
         [StepMetrics(i, {"loss": 0.05 + 0.001 * (i % 3)}) for i in range(60)]
         + [StepMetrics(60 + i, {"loss": 3.0}) for i in range(5)],
+    ),
+    LossRiseCheck: lambda: (
+        RunSpec(),
+        [StepMetrics(i, {"loss": 0.03 * 1.2 ** min(i, 12)}, True) for i in range(20)],
     ),
     EvalAccuracyCheck: lambda: (
         RunSpec(),

@@ -1,4 +1,6 @@
-"""EntropyDriftCheck: silent on stationary noise, quick on a rise, informative on a fall."""
+"""EntropyDriftCheck: silent on stationary noise, quick on a rise (from step 0 too, against the
+anchor), informative on a fall; a trend inside the warm-up is said; an open incident's
+follow-up confirms it."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import pytest
 from distill_guard.checks import EntropyDriftCheck
 from distill_guard.findings import Code, Severity
 from distill_guard.observations import RunSpec, StepMetrics
+from tests.checks._seed import seed_entropy
 from tests.conftest import LN_QWEN3_V, QWEN3_V
 
 RUN = RunSpec(vocab_size=QWEN3_V)
@@ -170,3 +173,180 @@ def test_state_dict_round_trip_continues_identically(cut):
     # and equals an uninterrupted run
     full = feed(check, values)
     assert full[cut:] == rest_a
+
+
+# ---------------------------------------------------------------- a failure from step 0
+
+
+def feed_incident(check, values, incident=None, incident_from=1, start=0):
+    """Feed entropies; ``open_incident=incident`` from step ``incident_from`` on."""
+    return [
+        check.on_step_metrics(
+            StepMetrics(
+                start + i,
+                {"student_entropy": v},
+                open_incident=incident if start + i >= incident_from else None,
+            ),
+            RUN,
+        )
+        for i, v in enumerate(values)
+    ]
+
+
+def first_step(out, code):
+    return next((i for i, fs in enumerate(out) if any(f.code == code for f in fs)), None)
+
+
+@pytest.mark.parametrize("shape,by", [("saturating", 10), ("line", 25)])
+def test_a_rise_from_step_0_is_judged_against_the_anchor_before_the_warm_up_completes(shape, by):
+    """The seed run's entropy climbs from its first update: its warm-up median is the climb, so
+    only the anchor (0.42, the student before any update) sees it, and well before step 50."""
+    out = feed(EntropyDriftCheck(), seed_entropy(shape, noise=0.01))
+    first = first_step(out, Code.STUDENT_ENTROPY_DRIFT)
+    assert first is not None and first <= by
+    f = next(f for f in out[first] if f.code == Code.STUDENT_ENTROPY_DRIFT)
+    assert f.values["reference"] == "anchor"
+    assert f.values["reference_median"] == pytest.approx(0.42, abs=0.03)
+    assert "its first value 0.4" in f.message and "the student before any update" in f.message
+
+
+def test_a_climbing_warm_up_is_a_warning_said_once_and_the_anchor_is_kept():
+    check = EntropyDriftCheck()
+    out = feed(check, seed_entropy("saturating", noise=0.01))
+    trends = [f for fs in out for f in fs if f.code == Code.STUDENT_WARMUP_TREND]
+    assert len(trends) == 1
+    (t,) = trends
+    assert t.step == check.warmup_steps - 1 and t.severity is Severity.WARN
+    v = t.values
+    assert v["direction"] == "up" and v["reference"] == "anchor"
+    assert v["warmup_median"] - v["anchor"] >= v["bound"]
+    for number in (v["anchor"], v["warmup_median"], v["bound"]):
+        assert f"{number:.3f}" in t.message
+    assert "keeps judging against the first value" in t.message
+    # after the warm-up the climb is still judged against the anchor, not learnt as healthy
+    late = [
+        f for fs in out[check.warmup_steps :] for f in fs if f.code == Code.STUDENT_ENTROPY_DRIFT
+    ]
+    assert late and all(f.values["reference"] == "anchor" for f in late)
+    assert check.state_dict()["trend"] is True
+
+
+def test_a_sharpening_warm_up_is_a_note_not_a_warning():
+    values = [1.6 * (0.15 + 0.85 * math.exp(-t / 6)) for t in range(120)]
+    out = feed(EntropyDriftCheck(), values)
+    found = [f for fs in out for f in fs]
+    assert {f.severity for f in found} == {Severity.INFO}
+    trends = [f for f in found if f.code == Code.STUDENT_WARMUP_TREND]
+    assert len(trends) == 1 and trends[0].values["direction"] == "down"
+    assert "recorded only" in trends[0].message
+
+
+@pytest.mark.parametrize("mean,sd", REGIMES)
+def test_a_stable_warm_up_is_the_reference_as_before(mean, sd):
+    check = EntropyDriftCheck()
+    values = noise(7, check.warmup_steps + 20, mean, sd) + noise(8, 40, 3 * mean + 1, sd)
+    out = feed(check, values)
+    assert not any(f.code == Code.STUDENT_WARMUP_TREND for fs in out for f in fs)
+    first = first_step(out, Code.STUDENT_ENTROPY_DRIFT)
+    assert first is not None and first >= check.warmup_steps + 20
+    f = next(f for f in out[first] if f.code == Code.STUDENT_ENTROPY_DRIFT)
+    assert f.values["reference"] == "warm-up"
+    assert f.values["reference_median"] == pytest.approx(mean, abs=0.15)
+
+
+# ---------------------------------------------------------------- follow-ups of an open incident
+
+
+@pytest.mark.parametrize("shape", ["saturating", "line"])
+def test_with_an_incident_open_at_step_0_the_seed_run_confirms_it_by_step_5(shape):
+    out = feed_incident(EntropyDriftCheck(), seed_entropy(shape), incident=0)
+    follows = [f for fs in out for f in fs if f.code == Code.STUDENT_FOLLOWS_DEAD_TEACHER]
+    assert len(follows) == 1, "said once per incident"
+    (f,) = follows
+    assert f.step <= 5 and f.severity is Severity.CRITICAL
+    assert f.values["open_incident"] == 0 and f.values["baseline"] == pytest.approx(0.42)
+    assert f.values["median_since"] - f.values["baseline"] >= f.values["bound"]
+    assert f.values["bound"] == pytest.approx(0.042)  # 10 % of 0.42, above 0.03 nats
+    for text in (
+        f"{f.values['median_since']:.3f}",
+        f"{f.values['bound']:.3f}",
+        "step 0",
+        "halts the run (automatic)",
+        "--enable-weights-cpu-backup",
+        "checkpoint from before step 0",
+    ):
+        assert text in f.message
+
+
+def test_the_saturating_seed_confirms_by_step_5_whatever_the_noise_draws():
+    late = [
+        seed
+        for seed in range(20)
+        if (
+            first_step(
+                feed_incident(
+                    EntropyDriftCheck(), seed_entropy("saturating", noise=0.01, seed=seed), 0
+                ),
+                Code.STUDENT_FOLLOWS_DEAD_TEACHER,
+            )
+            or 99
+        )
+        > 5
+    ]
+    assert late == []
+
+
+@pytest.mark.parametrize("shape", ["saturating", "line"])
+def test_without_an_open_incident_the_follow_up_never_applies(shape):
+    out = feed(EntropyDriftCheck(), seed_entropy(shape, noise=0.01))
+    assert first_step(out, Code.STUDENT_FOLLOWS_DEAD_TEACHER) is None
+
+
+def test_a_steady_student_does_not_confirm_an_open_incident():
+    out = feed_incident(EntropyDriftCheck(), noise(0, 200, 0.41, 0.004), incident=0)
+    assert not any(out)
+
+
+def test_a_mid_run_incident_is_judged_against_the_level_just_before_it():
+    """A healthy slow drift 0.7 → 1.0 over 300 steps, then an incident at step 300: the student
+    staying at 1.0 confirms nothing (the step-0 anchor 0.7 would), one climbing from it does."""
+    healthy = [0.7 + 0.3 * t / 299 for t in range(300)]
+    flat = feed_incident(EntropyDriftCheck(), healthy + [1.0] * 30, 300, incident_from=301)
+    assert first_step(flat, Code.STUDENT_FOLLOWS_DEAD_TEACHER) is None
+    climb = [1.0 + 0.05 * (t + 1) for t in range(30)]
+    out = feed_incident(EntropyDriftCheck(), healthy + climb, 300, incident_from=301)
+    first = first_step(out, Code.STUDENT_FOLLOWS_DEAD_TEACHER)
+    assert first is not None and first - 300 <= 5
+    f = next(f for f in out[first] if f.code == Code.STUDENT_FOLLOWS_DEAD_TEACHER)
+    assert f.values["baseline"] == pytest.approx(1.0, abs=0.01)
+    assert "step 300" in f.message
+
+
+# ---------------------------------------------------------------- resume
+
+
+@pytest.mark.parametrize("cut", [1, 3, 30, 49, 50, 120])
+def test_a_resume_keeps_the_anchor_the_trend_and_the_incident(cut):
+    values = seed_entropy("saturating", noise=0.01)
+    full = feed_incident(EntropyDriftCheck(), values, incident=0)
+    a = EntropyDriftCheck()
+    feed_incident(a, values[:cut], incident=0)
+    b = EntropyDriftCheck()
+    b.load_state_dict(json.loads(json.dumps(a.state_dict())))
+    assert b.state_dict()["reference"]["anchor"] == pytest.approx(values[0])
+    assert feed_incident(b, values[cut:], incident=0, start=cut) == full[cut:]
+
+
+def test_an_old_state_without_the_new_keys_loads_as_a_stable_warm_up():
+    a = EntropyDriftCheck()
+    values = noise(3, 80, 1.0, 0.05)
+    feed(a, values)
+    old = a.state_dict()
+    del old["trend"], old["follow_up"], old["reference"]["anchor"]
+    b = EntropyDriftCheck()
+    b.load_state_dict(old)
+    state = b.state_dict()
+    assert state["reference"]["anchor"] == state["reference"]["median"]
+    assert state["trend"] is False
+    rise = noise(4, 20, 3.0, 0.05)
+    assert feed(b, rise, start=80) == feed(a, rise, start=80)

@@ -1,4 +1,5 @@
-"""TruncationCheck: the median truncated ratio of the last `window` steps at the limit warns."""
+"""TruncationCheck: the median truncated ratio of the last `window` steps at the limit warns; an
+open incident's follow-up confirms it from the ratio's own start."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 from distill_guard.checks import TruncationCheck
 from distill_guard.findings import Code, Severity
 from distill_guard.observations import RunSpec, StepMetrics
+from tests.checks._seed import seed_truncation
 
 
 def feed(check, ratios, start=0):
@@ -55,3 +57,50 @@ def test_state_round_trip_keeps_the_window():
     b = TruncationCheck(window=3)
     b.load_state_dict(a.state_dict())
     assert feed(b, [0.9], start=2)[0]
+
+
+# ---------------------------------------------------------------- follow-ups of an open incident
+
+
+def feed_incident(check, ratios, incident, incident_from):
+    return [
+        check.on_step_metrics(
+            StepMetrics(
+                i, {"truncated_ratio": r}, open_incident=incident if i >= incident_from else None
+            ),
+            RunSpec(),
+        )
+        for i, r in enumerate(ratios)
+    ]
+
+
+def follows(out):
+    return [f for fs in out for f in fs if f.code == Code.STUDENT_FOLLOWS_DEAD_TEACHER]
+
+
+def test_the_seed_runs_truncation_confirms_an_incident_open_at_step_0():
+    ratios = [seed_truncation(t) for t in range(60)]
+    out = feed_incident(TruncationCheck(), ratios, incident=0, incident_from=1)
+    (f,) = follows(out)  # once per incident
+    assert f.severity is Severity.CRITICAL and f.step <= 15  # long before the 0.5 limit
+    assert f.values["baseline"] == pytest.approx(0.06) and f.values["open_incident"] == 0
+    assert f.values["median_since"] - f.values["baseline"] >= f.values["bound"]
+    assert "step 0" in f.message and "--enable-weights-cpu-backup" in f.message
+    first_limit = next(
+        i for i, fs in enumerate(out) if any(x.code == Code.STUDENT_TRUNCATION for x in fs)
+    )
+    assert f.step < first_limit
+    assert not follows(feed(TruncationCheck(), ratios))  # never without an open incident
+
+
+def test_a_mid_run_incident_is_judged_from_the_ratio_just_before_it():
+    ratios = [0.04, 0.06, 0.03] * 100 + [min(1.0, 0.05 + 0.03 * t) for t in range(30)]
+    out = feed_incident(TruncationCheck(), ratios, incident=300, incident_from=301)
+    (f,) = follows(out)
+    assert f.values["baseline"] == pytest.approx(0.04) and 300 < f.step <= 310
+
+
+@pytest.mark.parametrize("burst", [1, 2])
+def test_a_burst_under_an_open_incident_confirms_nothing(burst):
+    ratios = [0.04] * 20 + [0.6] * burst + [0.04] * 20
+    assert not follows(feed_incident(TruncationCheck(), ratios, incident=5, incident_from=6))
