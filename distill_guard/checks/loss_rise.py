@@ -24,7 +24,8 @@ class LossRiseCheck(Check):
     teacher that changed. Judged for losses with a ceiling too: a dead teacher sends a JSD to its
     ceiling, which is ``jsd_ceiling``'s (medians near it are left to that check), while a student
     that leaves a healthy teacher stays below it, where only this check sees it. Whom it blames
-    comes from the teacher's own evidence of the step (``StepMetrics.teacher_healthy``).
+    comes from the teacher's own evidence of the step (``StepMetrics.teacher_healthy``); a step
+    whose teacher is flagged is not counted at all (its loss is the teacher's).
     """
 
     name: ClassVar[str] = "loss_rise"
@@ -58,6 +59,11 @@ class LossRiseCheck(Check):
     def on_step_metrics(self, metrics: StepMetrics, run: RunSpec) -> list[Finding]:
         loss = metrics.get(Metric.LOSS)
         if not self.enabled or loss is None or not math.isfinite(loss):
+            return []
+        if metrics.teacher_healthy is False:
+            # the loss against a teacher flagged this step is the teacher's, already found: it
+            # is no value of the student's own (nor its start), and a resumed run whose window
+            # still held those steps would be told its student left the teacher
             return []
         per_token = loss / run.loss_scale
         median = self._recent.add(per_token)
@@ -119,11 +125,6 @@ def _cause(metrics: StepMetrics) -> str:
             "leaving its teacher: a learning rate far too high (lower it), a loss with the "
             "wrong sign or weighting. Reloading the teacher would not help; resume from a "
             "checkpoint before the rise with a lower learning rate."
-        )
-    if metrics.teacher_healthy is False:
-        return (
-            "The teacher's own scores of this step are flagged too: the teacher is the likely "
-            "cause. Reload and verify its weights before looking at the student's side."
         )
     return (
         "The guard saw no teacher scores this step to tell the two causes apart: a student "

@@ -80,11 +80,11 @@ def test_a_rise_mid_run_is_judged_against_the_start():
     "healthy_flag,says",
     [
         (True, "the student is leaving its teacher"),
-        (False, "the teacher is the likely cause"),
         (None, "to tell the two causes apart"),
     ],
 )
 def test_the_blame_follows_the_teachers_evidence(healthy_flag, says):
+    """(A flagged teacher's steps are not the student's: see the test after the next.)"""
     out = feed(LossRiseCheck(), lr_too_high(), healthy=healthy_flag)
     f = out[first(out)][0]
     assert says in f.message and f.values["teacher_healthy"] is healthy_flag
@@ -142,3 +142,18 @@ def test_a_resume_keeps_the_start(cut):
     fresh = LossRiseCheck()
     fresh.load_state_dict({})  # a run resumed from a state before this check: starts anew
     assert fresh.state_dict() == LossRiseCheck().state_dict()
+
+
+def test_a_step_whose_teacher_is_flagged_is_no_value_of_the_students():
+    """The loss against a flagged teacher is the teacher's (already a finding): after three such
+    steps the window holds none of them, and the healthy steps that follow raise nothing."""
+    from distill_guard.checks.loss_rise import LossRiseCheck
+    from distill_guard.observations import RunSpec, StepMetrics
+
+    check, run = LossRiseCheck(), RunSpec()
+    found = []
+    for step in range(12):
+        dead = 3 <= step < 6
+        metrics = StepMetrics(step, {"loss": 0.6 if dead else 0.02}, not dead)
+        found += check.on_step_metrics(metrics, run)
+    assert found == []
