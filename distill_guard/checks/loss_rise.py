@@ -32,9 +32,11 @@ class LossRiseCheck(Check):
 
     enabled: bool = True
     """Switch the check off without removing it from a preset."""
-    start_steps: int = 3
-    """First finite values whose median is the student's start (one outlier among them moves
-    nothing; the first updates of a run barely move the student)."""
+    start_steps: int = 1
+    """First finite values whose median is the student's start. 1: step 0's loss, of the student
+    before any update, the one value no update can have moved (a learning rate 100× too high
+    sends the loss to 0.5 at step 1 already). A high outlier there only makes the check less
+    sensitive; a low one is still a third of the bound away."""
     window: int = 5
     """Steps in the rolling median that is judged; a rise must hold on more than half of them."""
     min_factor: float = 3.0

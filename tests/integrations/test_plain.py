@@ -16,6 +16,7 @@ from tests.docs.snippets import snippet
 from ._tiny import (
     VOCAB,
     UpdateLedger,
+    events,
     jsd,
     kill,
     student_of,
@@ -416,3 +417,34 @@ def test_a_lookalike_of_a_role_not_read_is_told_once_at_info(caplog):
     sg.after_update(3, {"loss": 0.02, "entropy": 0.4})
     sg.after_update(4, {"loss": 0.02, "entropy": 0.4, "my/other_entropy": 0.3})
     assert not [r for r in caplog.records if "looks like" in r.getMessage()]
+
+
+@pytest.mark.parametrize("lr", [3e-2, 1e-1])
+def test_a_learning_rate_far_too_high_is_a_loss_rise_blamed_on_the_student(tmp_path, lr):
+    """A healthy teacher (its canary checked every step) and a real torch student at 30× and
+    100× the healthy learning rate: the JSD multiplies from the student's step-0 value while
+    staying below its ceiling; ``loss.rise`` says so within a few steps and blames the student."""
+    teacher = tiny_qwen3()
+    student = student_of(teacher)
+    opt = torch.optim.AdamW(student.parameters(), lr=lr)
+    sg = StepGuard(
+        "default",
+        [f"events_path={tmp_path / 'e.jsonl'}", "alerts.use_wandb=false"],
+        teacher=teacher,
+    )
+    with sg:
+        for step, batch in enumerate(token_batches(12)):
+            with torch.no_grad():
+                t_logits = teacher(**batch).logits
+            sg.observe_teacher_logits(t_logits, mask=batch["attention_mask"])
+            loss = jsd(student(**batch).logits, t_logits, batch["attention_mask"])
+            loss.backward()
+            sg.optimizer_step(opt, step)
+            sg.after_update(step, {"loss": loss.item()})
+    summary = sg.guard.summary
+    assert set(summary.count) == {"loss.rise"} and summary.first["loss.rise"] <= 6, summary.count
+    rise = next(e for e in events(tmp_path / "e.jsonl") if e.get("code") == "loss.rise")
+    assert (
+        "the student is leaving its teacher" in rise["message"]
+        and rise["values"]["teacher_healthy"]
+    )
