@@ -89,8 +89,13 @@ class LossRiseCheck(Check):
                 Code.LOSS_RISE,
                 Severity.WARN,
                 f"Per-token {run.loss.value} loss: the median of the last {self.window} steps is "
-                f"{median:.4g}, {factor:.1f}× the student's start {start.median:.4g} (the median "
-                f"of its first {self.start_steps} steps; bound {bound:.4g}: "
+                f"{median:.4g}, {factor:.1f}× the student's start {start.median:.4g} ("
+                + (
+                    "its first loss, before any update"
+                    if self.start_steps == 1
+                    else f"the median of its first {self.start_steps} losses"
+                )
+                + f"; bound {bound:.4g}: "
                 f"{self.min_factor:g}×, {self.threshold_sigma:g}σ or {self.min_rise_abs:g} "
                 f"above it, whichever is larger)"
                 + (f", below the ceiling {ceiling:.4f}. " if ceiling is not None else ". ")
