@@ -79,8 +79,11 @@ def test_a_failed_run_is_flagged_at_step_0_and_acted_on_by_step_5(run_cli, colla
     assert result["first"][Code.LOSS_JSD_CEILING] == 0
     assert min(result["first"].values()) == 0
     assert result["first_action"] == {"step": 0, "action": "rewake"}
-    # one critical step (the loss leaves the ceiling at step 1): the rewake is all it takes
-    assert result["halt_step"] is None
+    # one critical step (the loss leaves the ceiling at step 1) that nothing can act on in a
+    # replay stays open, and the student's entropy then climbing from its step-0 level confirms it
+    assert result["halt_step"] == 3
+    halting = {f["code"] for f in result["findings"] if f["step"] == 3}
+    assert Code.STUDENT_FOLLOWS_DEAD_TEACHER in halting
     step0 = [f for f in result["findings"] if f["step"] == 0]
     assert any(f["severity"] == "critical" for f in step0)
 
@@ -260,7 +263,7 @@ def test_table_output_names_findings_and_decision(run_cli, collapsed):
     line = next(ln for ln in out.splitlines() if ln.startswith(Code.LOSS_JSD_CEILING))
     assert line.split()[1:3] == ["critical", "0"]
     assert "First action: rewake at step 0 (reason: rewake: " in out
-    assert "\nHalt: none." in out
+    assert "\nHalt: step 3 (reason: halt: an open teacher-attributed critical, confirmed" in out
     assert "NOTICE" not in out  # no teacher logprob column: nothing skipped to own up to
 
 

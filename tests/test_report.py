@@ -85,7 +85,8 @@ def test_table_counts_and_first_steps_match_the_findings(collapsed_result):
     assert ranks == sorted(ranks, reverse=True)
     assert f"- {Code.LOSS_JSD_CEILING} (step 0):" in table
     assert "First action: rewake at step 0 (reason: " in table
-    assert "\nHalt: none." in table  # one critical step: the rewake is all it takes
+    # the step-0 critical nothing could act on, confirmed by the student at step 3
+    assert "\nHalt: step 3 (reason: halt: an open teacher-attributed critical" in table
 
 
 def test_table_gives_the_halt_reason(tmp_path):
