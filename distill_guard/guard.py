@@ -127,6 +127,8 @@ class DistillGuard:
         self._evidence: tuple[int, bool] | None = None
         self._module_canary_state: dict[str, Any] | None = None
         """A loaded module canary's state, kept for a teacher module watched after the load."""
+        self._colocated_state: dict[str, Any] | None = None
+        """A loaded live teacher's canary and incidents, kept for a teacher attached after it."""
         self.reference_spec = teacher_reference
         """Where the teacher's reference comes from (``GuardConfig.teacher_reference``)."""
         self.reference: TeacherReference | None = (
@@ -169,6 +171,8 @@ class DistillGuard:
                 v = None
             if v:
                 self.run = dataclasses.replace(self.run, vocab_size=int(v))
+        if self._colocated_state is not None:  # a resumed run's fingerprint, saved before
+            self.colocated.load_state_dict(self._colocated_state)
         self._install_reference(self.colocated.canary, lambda: server_checkpoint(teacher))
         return self.colocated
 
@@ -366,8 +370,9 @@ class DistillGuard:
         if state.get("teacher_reference"):  # the reference the run was judged against, kept
             self.reference = TeacherReference.from_dict(state["teacher_reference"])
             self.reference_spec = None
+        self._colocated_state = {k: state[k] for k in ("canary", "incidents") if k in state}
         if self.colocated is not None:
-            self.colocated.load_state_dict(dict(state))
+            self.colocated.load_state_dict(self._colocated_state)
         self._module_canary_state = state.get("module_canary")
         if self.module_canary is not None and self._module_canary_state is not None:
             self.module_canary.load_state_dict(self._module_canary_state)

@@ -3,6 +3,7 @@ the state was loaded (the transformers mixin attaches the canary at the first tr
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from distill_guard.testing.standins import student_of, tiny_random_qwen3
@@ -25,3 +26,30 @@ def test_a_canary_watched_after_load_state_dict_keeps_the_saved_reference(make_g
     decision = resumed.on_teacher_scores(1)
     assert decision.acts, decision.message
     assert "teacher.fingerprint_mismatch" in {f.code for f in decision.reasons}
+
+
+def test_a_live_teacher_attached_after_load_state_dict_keeps_the_saved_fingerprint(
+    make_guard, tmp_path
+):
+    """The same for a live teacher: a guard that loads its state, then gets its teacher (a
+    launcher that builds the teacher handle after the resume), judges the first wake against
+    the saved fingerprint, so a teacher that came back as garbage is caught there."""
+    pytest.importorskip("transformers")
+    from distill_guard.teachers import TorchTeacher
+
+    from .integrations._tiny import garble
+
+    tiny_random_qwen3().save_pretrained(tmp_path / "t")
+    teacher = TorchTeacher.from_pretrained(tmp_path / "t", enable_cpu_backup=True)
+    saved = make_guard(teacher=teacher)
+    assert saved.sleep(0).action.value == "continue"  # the fingerprint, then the release
+    state = saved.state_dict()
+    assert state["canary"]["fingerprint"] is not None
+
+    again = TorchTeacher.from_pretrained(tmp_path / "t", enable_cpu_backup=True)
+    garble(again.model)
+    resumed = make_guard()
+    resumed.load_state_dict(state)
+    resumed.attach_teacher(again)  # attached after the load
+    decision = resumed.wake(1)
+    assert "teacher.fingerprint_mismatch" in {f.code for f in decision.reasons}, decision
