@@ -43,6 +43,7 @@ def announce(guard: DistillGuard) -> None:
         sinks=guard.alerter.describe() if guard.alerter.rank == 0 else [],
         rank=guard.rank,
         teacher=kind,
+        teacher_reference=guard.reference.source if guard.reference is not None else None,
     )
     guard.events.write("attached", **record)
     log.info(

@@ -120,10 +120,12 @@ def attach_record(
     sinks: Sequence[Mapping[str, Any]],
     rank: int,
     teacher: str | None,
+    teacher_reference: str | None = None,
 ) -> dict[str, Any]:
     """The payload of the ``attached`` event: enough to tell, from the file alone, that a guard
     watched this run and with which bounds. ``sinks`` are the alert sinks as they describe
-    themselves (never a secret)."""
+    themselves (never a secret). ``teacher_reference``: where the teacher's reference from outside
+    the run came from (None: the canary trusts the teacher's first fingerprint)."""
     from distill_guard._version import __version__
 
     return {
@@ -131,6 +133,7 @@ def attach_record(
         "preset": preset,
         "rank": rank,
         "teacher": teacher,
+        "teacher_reference": teacher_reference,
         "run": _config(run),
         "policy": _config(policy),
         "checks": {getattr(c, "name", type(c).__name__): _config(c) for c in checks},

@@ -120,6 +120,7 @@ def test_a_clean_run_leaves_the_attach_record_and_the_closing_summary(tmp_path):
     assert attached["kind"] == "attached" and closed["kind"] == "closed"
     assert attached["version"] == __version__ and attached["preset"] == "strict"
     assert attached["rank"] == 0 and attached["teacher"] is None
+    assert attached["teacher_reference"] is None  # no reference from outside the run
     assert attached["run"]["vocab_size"] == 1000 and attached["run"]["loss"] == "jsd"
     assert attached["checks"]["jsd_ceiling"]["fraction_of_ceiling"] == 0.9  # the bounds in force
     assert set(attached["checks"]) == {c.name for c in guard.checks}

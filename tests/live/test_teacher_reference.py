@@ -13,6 +13,7 @@ pytest.importorskip("transformers")
 from distill_guard import StepGuard  # noqa: E402
 from distill_guard.checks.canary import CanaryCheck  # noqa: E402
 from distill_guard.config import build_guard  # noqa: E402
+from distill_guard.events import read_events  # noqa: E402
 from distill_guard.findings import Code  # noqa: E402
 from distill_guard.live.teacher_reference import (  # noqa: E402
     TeacherReference,
@@ -136,6 +137,8 @@ def test_auto_takes_the_modules_own_checkpoint(checkpoint, tmp_path):
     guard, applied = run_plain(tmp_path, teacher, ["teacher_reference=auto"])
     assert applied == [True, True, True] and guard.summary.count == {}
     assert guard.reference is not None and guard.reference.source == f"checkpoint {checkpoint}"
+    (attached,) = [e for e in read_events(tmp_path / "ev.jsonl") if e["kind"] == "attached"]
+    assert attached["teacher_reference"] == f"checkpoint {checkpoint}"  # said how it was watched
 
 
 def test_a_reference_that_cannot_be_had_is_a_warning_and_the_canary_goes_on(tmp_path):
