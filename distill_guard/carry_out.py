@@ -82,8 +82,8 @@ def decide(guard: DistillGuard, stage: Stage, step: int, findings: list[Finding]
     pending, can_reload = stage.update_pending, guard.colocated is not None
     wanted = decision
     decision = feasible(decision, update_pending=pending, can_reload=can_reload)
-    if decision.action is Action.ALERT and wanted.acts and _teacher_attributed(wanted):
-        guard.open_unactionable(decision)
+    if decision.action is Action.ALERT and _would_act(wanted) and _teacher_attributed(wanted):
+        guard.open_unactionable(decision)  # monitor-only too: it shows what acting would do
     local = feasible(local, update_pending=pending, can_reload=can_reload)
     if decision.action is Action.REWAKE:
         decision = _rewake(guard, stage, decision, local)
@@ -96,6 +96,13 @@ def decide(guard: DistillGuard, stage: Stage, step: int, findings: list[Finding]
         guard.events.write("halt", stage=stage.value, step=step, message=decision.message)
         guard.events.close()
     return decision
+
+
+def _would_act(decision: Decision) -> bool:
+    """It skips, rewakes or halts, or (monitor-only) would have."""
+    return decision.acts or (
+        decision.intended is not None and decision.intended.rank >= Action.SKIP_BATCH.rank
+    )
 
 
 def _teacher_attributed(decision: Decision) -> bool:

@@ -172,3 +172,15 @@ def test_the_seed_run_replayed_from_its_metrics_alone_halts_by_step_5(tmp_path, 
     halt = result.halt_decision
     assert {f.code for f in halt.reasons} >= {"student.follows_dead_teacher"}, halt
     assert result.first["loss.jsd_ceiling"] == 0
+
+
+def test_monitor_only_shows_the_halt_an_acting_guard_would_make_on_the_seed(tmp_path):
+    """Monitor-only acts on nothing, so the step-0 critical is open there too, and its replay
+    shows the halt the default preset would make, as an intended one."""
+    from distill_guard.testing.histories import seed_history, write_jsonl
+
+    result = replay(load_history(write_jsonl(seed_history(), tmp_path / "s.jsonl")), "monitor_only")
+    halt = result.halt_decision
+    assert halt is not None and halt.step <= 5 and halt.action is Action.ALERT, halt
+    assert halt.intended is Action.HALT
+    assert all(d.action in (Action.ALERT, Action.CONTINUE) for d in result.decisions)
