@@ -371,7 +371,7 @@ def test_monitor_only_preset_reports_what_it_would_have_done(run_cli, collapsed)
     code, out, _ = run_cli("replay", collapsed, "--json", "--preset", "monitor_only")
     result = as_json(out)
     assert code == 1 and result["first_action"] == {"step": 0, "action": "rewake"}  # intended
-    assert result["halt_step"] is None
+    assert result["halt_step"] == 3  # intended too: the default preset's halt (test above)
 
 
 def test_set_overrides_the_guard_config(run_cli, tmp_path):
