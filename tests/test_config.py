@@ -155,7 +155,7 @@ def test_unknown_preset():
 
 def test_build_from_the_dataclass_directly():
     guard = build_guard(GuardConfig())
-    assert len(guard.checks) == 11 and guard.policy.critical_action is Action.REWAKE
+    assert len(guard.checks) == 12 and guard.policy.critical_action is Action.REWAKE
 
 
 def test_two_guards_from_one_config_share_no_state():

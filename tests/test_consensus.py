@@ -145,7 +145,9 @@ class WeightLosingTeacher:
 
 
 class BrokenOrNotCanary:
-    def verify(self, teacher, step=None):
+    reference = None  # no checkpoint reference: a repair is verified as a wake is
+
+    def verify(self, teacher, step=None, *, repair=False):
         if not teacher.broken:
             return []
         return [Finding(Code.TEACHER_UNIFORM, Severity.CRITICAL, "canary: uniform", step)]

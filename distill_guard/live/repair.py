@@ -66,6 +66,7 @@ def repair_teacher(
     if max_attempts < 1:
         raise GuardValueError(f"max_attempts must be >= 1, got {max_attempts}")
     emit = on_event or _noop
+    reference = getattr(canary, "reference", None)
     t0 = time.perf_counter()
     last: list[Finding] = []
     for attempt in range(1, max_attempts + 1):
@@ -102,8 +103,8 @@ def repair_teacher(
                     f"Teacher repaired by rewake (resume, reload, flush) on attempt {attempt} of "
                     f"{max_attempts} in {seconds:.2f} s; the canary now matches "
                     + (
-                        f"its checkpoint's reference ({canary.reference.source})."
-                        if canary.reference is not None
+                        f"its checkpoint's reference ({reference.source})."
+                        if reference is not None
                         else "its fingerprint."
                     ),
                     step,

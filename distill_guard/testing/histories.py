@@ -13,6 +13,7 @@ import random
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from distill_guard.errors import GuardValueError
 from distill_guard.metric_names import CONVENTIONS, RELAX, resolve_key
 from distill_guard.observations import Metric
 
@@ -76,7 +77,7 @@ def seed_history(steps: int = 190, seed: int = 0, shape: str = "saturating") -> 
     0.361 at step 0, 0.011 at step 10 and 0.0 after; no teacher logprob column (top-k mode).
     Small seeded noise on the loss, entropy and truncation; step 0's loss is exact."""
     if shape not in SEED_SHAPES:
-        raise ValueError(f"shape must be one of {', '.join(SEED_SHAPES)}, got {shape!r}")
+        raise GuardValueError(f"shape must be one of {', '.join(SEED_SHAPES)}, got {shape!r}")
     rng = random.Random(seed)
     for t in range(steps):
         frac = t / max(steps - 1, 1)
