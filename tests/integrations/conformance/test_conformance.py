@@ -14,10 +14,9 @@ the others, not tests of its own. The scenarios:
    end with no new finding;
 6. loaded onto a teacher still dead (garbage: only a reference can tell), it takes no update:
    the state's canary reference catches it at the first resumed step;
-7. a teacher wrong from step 0 (garbage, at temperature 2, a copy of the student: its first
-   fingerprint would be the fault's own) takes no update when the guard has the teacher's
-   reference from its checkpoint (``teacher_reference``; scenario 1 runs with it too, so the
-   reference itself is silent on a healthy teacher).
+7. a teacher wrong from step 0 takes no update when the guard has the teacher's reference from
+   its checkpoint (``test_wrong_from_the_start.py``; scenario 1 runs with the reference too, so
+   the reference itself is silent on a healthy teacher).
 
 The zeroed run of each adapter is made once (module scope) and read by scenarios 2, 4, 5 and 6.
 """
@@ -29,46 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from distill_guard.testing.standins import at_temperature, become_student
-
 from .._tiny import VOCAB, garble, kill, loud
-from .adapters import Driver, HFTrainer, Lightning, Outcome, PlainLoop, RelaxHarness
-
-ADAPTERS = ("plain", "transformers", "trl_gkd", "trl_distillation", "lightning", "relax")
-
-
-def make_driver(name: str, request: pytest.FixtureRequest) -> Driver:
-    if name == "plain":
-        return PlainLoop()
-    if name == "transformers":
-        return HFTrainer(name, "stand_in", needs="transformers")
-    if name == "trl_gkd":
-        return HFTrainer(name, "trl", needs="trl.experimental.gkd")
-    if name == "trl_distillation":
-        # the tiny student never ends an answer: every completion is clipped at
-        # max_completion_length, which the truncation check rightly reports (test_trl.py)
-        return HFTrainer(
-            name, "distillation", needs="trl", overrides=("checks.truncation.enabled=false",)
-        )
-    if name == "lightning":
-        pytest.importorskip("lightning.pytorch")
-        return Lightning()
-    from distill_guard.testing.tiny import build_tiny_qwen3
-
-    from ..relax_harness import VOCAB as RELAX_VOCAB
-
-    teacher_dir = build_tiny_qwen3(
-        request.getfixturevalue("tmp_path_factory").mktemp("relax_teacher"),
-        vocab_size=RELAX_VOCAB,
-        embed_std=0.3,
-        max_positions=128,  # above the 64-token canary, as in test_relax.py
-    )
-    return RelaxHarness(teacher_dir, context=request.getfixturevalue("forkserver"))
-
-
-@pytest.fixture(scope="module", params=ADAPTERS)
-def driver(request) -> Driver:
-    return make_driver(request.param, request)
+from .adapters import Outcome
 
 
 @pytest.fixture(scope="module")
@@ -151,21 +112,3 @@ def test_resume_onto_a_teacher_still_dead_is_caught_at_its_first_step(driver, ha
     assert r.poisoned == [] and not any(r.moved.values()), r.story()
     caught = [f for f in r.loud if f["code"] == DEAD["garbage"]]
     assert caught and caught[0]["step"] == first, r.story()
-
-
-WRONG_FROM_THE_START = {
-    "garbage": garble,
-    "temperature 2": at_temperature,
-    "student": become_student,
-}
-"""Teachers wrong from their first use; each scores like a teacher (peaked, finite), so only the
-checkpoint's reference can tell."""
-
-
-@pytest.mark.parametrize("wrong", list(WRONG_FROM_THE_START))
-def test_a_teacher_wrong_from_step_0_is_caught_before_the_first_update(driver, wrong, tmp_path):
-    r = driver.run(tmp_path, poison=WRONG_FROM_THE_START[wrong], at=0, reference=True)
-    assert r.poisoned == [] and not any(r.moved.values()), r.story()
-    caught = [f for f in r.findings if f["code"] == "teacher.reference_mismatch"]
-    assert caught and caught[0]["step"] == 0 and caught[0]["severity"] == "critical", r.story()
-    assert r.halt_step == driver.dead_steps - 1, r.story()
