@@ -7,6 +7,8 @@ becomes a guard through :func:`build_guard`, the one way from configuration to a
 
 from __future__ import annotations
 
+import copy
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,13 +86,21 @@ def compose_guard_config(preset: str = "default", overrides: list[str] | None = 
     """Compose a preset outside a Hydra app (CLI, notebooks, tests) or inside one; raises on
     unknown keys.
 
-    ``overrides`` are relative to the guard node: ``["run.vocab_size=151936"]``.
+    ``overrides`` are relative to the guard node: ``["run.vocab_size=151936"]``. The result
+    depends on nothing but the preset files and the overrides, so it is composed once per
+    (preset, overrides) and handed out as a copy: building many guards (every rank's, a replay
+    per file) costs one composition.
     """
+    if preset not in PRESETS:
+        raise GuardValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    return copy.deepcopy(_composed(preset, tuple(overrides or ())))
+
+
+@functools.lru_cache(maxsize=128)
+def _composed(preset: str, overrides: tuple[str, ...]) -> DictConfig:
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
-    if preset not in PRESETS:
-        raise GuardValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
     # Inside a running Hydra app the global state is the app's: set it aside, then restore it.
     app = GlobalHydra.instance().hydra if GlobalHydra.instance().is_initialized() else None
     GlobalHydra.instance().clear()
@@ -98,7 +108,7 @@ def compose_guard_config(preset: str = "default", overrides: list[str] | None = 
         with initialize_config_module(config_module="distill_guard.conf", version_base="1.3"):
             cfg = compose(
                 config_name="guard_app",
-                overrides=[f"guard={preset}", *(f"guard.{o}" for o in overrides or [])],
+                overrides=[f"guard={preset}", *(f"guard.{o}" for o in overrides)],
             )
     finally:
         GlobalHydra.instance().clear()
