@@ -92,6 +92,7 @@ def test_preflight_from_args_and_url(tiny_dir, capsys) -> None:
     assert "exactly one of" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # the README live-server snippet runs both commands (serve-reference as a process)
 def test_serve_reference_and_probe_as_processes(tiny_dir) -> None:
     """The real commands end to end: after a probe that found the weights lost, the teacher scores
     correctly again."""

@@ -144,6 +144,7 @@ def test_a_uniform_teacher_metric_is_flagged_from_step_1(run_cli, tmp_path):
         assert f"inferred V = {QWEN3_V}" in notice
 
 
+@pytest.mark.slow  # test_cli_main.py runs `python -m distill_guard.cli replay` as a process too
 def test_subprocess_entry_point(collapsed):
     env = {
         **os.environ,

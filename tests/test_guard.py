@@ -383,6 +383,7 @@ def test_run_spec_round_trip_keeps_the_loss_kind(make_guard):
     assert b.run.loss is LossKind.REVERSE_KL and b.run.vocab_size == 32000
 
 
+@pytest.mark.slow  # benchmarks/soak.py holds the same bound over 100k steps
 def test_memory_is_bounded_over_20k_steps(quiet_alerter):
     guard = DistillGuard(run=RUN, events=None, alerter=quiet_alerter)
 
