@@ -167,6 +167,7 @@ class Report(pl.Callback):
         (self.out / f"rank{trainer.global_rank}.json").write_text(json.dumps(rec))
 
 
+@pytest.mark.slow  # 15 s of two Lightning DDP processes; the ranks' agreement is test_consensus.py's
 @pytest.mark.timeout(60)
 def test_two_rank_ddp_only_rank_1_sees_the_collapse_and_both_stop(tmp_path):
     teacher = tiny_qwen3(seed=0)
