@@ -70,3 +70,17 @@ def _command(
     p.add_argument("--json", action="store_true", help="print one JSON object, not a table")
     p.set_defaults(func=func)
     return p
+
+
+def _guard_config_args(p: argparse.ArgumentParser, set_example: str) -> None:
+    """``--preset`` and the repeatable ``--set KEY=VALUE`` (a Hydra override on the guard config)."""
+    from distill_guard.config import PRESETS
+
+    p.add_argument("--preset", default="default", help=f"guard preset: {', '.join(PRESETS)}")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"Hydra override on the guard config, {set_example}; repeatable",
+    )

@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from distill_guard.cli.base import UsageError, _command
+from distill_guard.cli.base import UsageError, _command, _guard_config_args
 from distill_guard.config import PRESETS
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -44,14 +44,8 @@ def add_reference(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="largest single |Δ logprob| (nats); default by dtype (bf16 3, fp16 0.5, fp32 0.1)",
     )
-    p.add_argument("--preset", default="default", help=f"guard preset: {', '.join(PRESETS)}")
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="Hydra override on the guard config, for the canary: checks.canary.top_k=8; "
-        "repeatable (the run's guard must use the same canary settings)",
+    _guard_config_args(
+        p, "for the canary: checks.canary.top_k=8 (the run's guard must use the same canary)"
     )
 
 

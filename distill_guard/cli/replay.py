@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from distill_guard.cli.base import UsageError, _command, _key_value
+from distill_guard.cli.base import UsageError, _command, _guard_config_args, _key_value
 from distill_guard.config import PRESETS
 from distill_guard.extras import require
 
@@ -41,14 +41,7 @@ def add_replay(sub: argparse._SubParsersAction) -> None:
         "it V is only inferred from a flat teacher logprob column, and the replay says so",
     )
     p.add_argument("--loss-scale", type=float, default=1.0, help="factor applied to the loss")
-    p.add_argument("--preset", default="default", help=f"guard preset: {', '.join(PRESETS)}")
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="Hydra override on the guard config, e.g. checks.entropy_drift.threshold_sigma=4; repeatable",
-    )
+    _guard_config_args(p, "e.g. checks.entropy_drift.threshold_sigma=4")
     p.add_argument(
         "--plot",
         metavar="FILE.png",
