@@ -295,6 +295,9 @@ class DistillGuard:
         values = {k: v for k, v in metrics.items() if v is not None}
         evidence = self._evidence[1] if self._evidence and self._evidence[0] == step else None
         stage = Stage.STEP_METRICS_BEFORE_UPDATE if before_update else Stage.STEP_METRICS
+        opened = self.open_incident
+        if opened is not None and step - opened > self.policy.open_incident_steps:
+            self.close_incident(step, f"not confirmed in {self.policy.open_incident_steps} steps")
         observed = StepMetrics(step, values, evidence, open_incident=self.open_incident)
         findings = self._run_checks(stage, observed)
         return self._conclude(stage, step, findings)

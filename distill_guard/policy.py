@@ -146,6 +146,11 @@ class Policy:
     """Consecutive steps with warnings before escalating; None: warnings only alert."""
     warn_escalation: Action = Action.HALT
     """What persistent warnings escalate to."""
+    open_incident_steps: int = 50
+    """Steps a teacher-attributed critical that nothing could act on stays open, waiting for the
+    student's own signals to confirm it (a dead teacher moves them within a few steps: the seed
+    run's entropy at once, worst 12 steps in ``benchmarks/detection.py``). Past it the incident
+    closes unconfirmed, so a healthy drift hundreds of steps later is never read as one."""
 
     def __post_init__(self) -> None:
         self.critical_action = _action("critical_action", self.critical_action)
@@ -162,6 +167,10 @@ class Policy:
         if self.halt_after_critical_steps < 1:
             raise GuardValueError(
                 f"halt_after_critical_steps must be >= 1, got {self.halt_after_critical_steps}"
+            )
+        if self.open_incident_steps < 1:
+            raise GuardValueError(
+                f"open_incident_steps must be >= 1, got {self.open_incident_steps}"
             )
         if self.warn_patience is not None and self.warn_patience < 1:
             raise GuardValueError(f"warn_patience must be >= 1 or None, got {self.warn_patience}")

@@ -130,6 +130,7 @@ def test_a_clean_run_leaves_the_attach_record_and_the_closing_summary(tmp_path):
         "halt_after_critical_steps": guard.policy.halt_after_critical_steps,
         "warn_patience": guard.policy.warn_patience,
         "warn_escalation": guard.policy.warn_escalation.value,
+        "open_incident_steps": guard.policy.open_incident_steps,
     }
     assert attached["canary"]["length"] == guard.canary_spec.length
     assert attached["alert_sinks"] == []  # no wandb, no webhook variable: only the logger

@@ -481,3 +481,22 @@ def test_a_loss_at_the_ceiling_with_a_uniform_teacher_blames_the_teacher(make_gu
     ceiling = next(f for f in seen if f.code == Code.LOSS_JSD_CEILING)
     assert "flagged too: it is the teacher" in ceiling.message
     assert ceiling.values["teacher_healthy"] is False
+
+
+def test_an_unconfirmed_open_incident_closes_after_its_horizon(make_guard):
+    """A JSD at its ceiling once, nothing to act on: the incident is open, and a student whose
+    entropy drifts up long after it (a healthy drift) is not read as its confirmation."""
+    from distill_guard.findings import Code
+    from distill_guard.policy import Policy
+
+    guard = make_guard(policy=Policy(open_incident_steps=20))
+    guard.on_step_metrics(0, {"loss": 0.69, "student_entropy": 0.40})
+    assert guard.open_incident == 0
+    for step in range(1, 22):
+        guard.on_step_metrics(step, {"loss": 0.02, "student_entropy": 0.40})
+    assert guard.open_incident is None
+    for step in range(22, 30):  # +25 %: would confirm an open incident (follow-up bound 10 %)
+        d = guard.on_step_metrics(step, {"loss": 0.02, "student_entropy": 0.50})
+    assert Code.STUDENT_FOLLOWS_DEAD_TEACHER not in guard.summary.count and not guard.halted, d
+    kinds = [e["kind"] for e in read_events(guard.events.path)]
+    assert "incident_open" in kinds and "incident_closed" in kinds
