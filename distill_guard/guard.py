@@ -34,17 +34,13 @@ from distill_guard.live.canary import Canary
 from distill_guard.live.colocate import ColocatedTeacher
 from distill_guard.live.module_canary import ModuleCanary
 from distill_guard.live.repair import Reloader
-from distill_guard.live.teacher_reference import (
-    TeacherReference,
-    make_reference,
-    module_checkpoint,
-    server_checkpoint,
-)
+from distill_guard.live.teacher_reference import TeacherReference
 from distill_guard.observations import RunSpec, StepMetrics, TeacherScores
 from distill_guard.policy import Decision, Halt, Policy
 from distill_guard.stages import Stage
 from distill_guard.summary import GuardSummary
 from distill_guard.teachers.base import Teacher, TeacherError
+from distill_guard.watched_teachers import WatchedTeachers
 
 log = logging.getLogger("distill_guard")
 
@@ -115,31 +111,19 @@ class DistillGuard:
         self.on_finding = on_finding
         self.stop_on_halt = stop_on_halt
         self.summary = GuardSummary()
-        self.canary_spec = canary
-        """The canary a teacher attached later gets (the configured ``checks.canary``)."""
-        self.reloader = reloader
-        self.repair_attempts = repair_attempts
-        self.repair_backoff_s = repair_backoff_s
-        self.colocated: ColocatedTeacher | None = None
-        """The teacher the guard sleeps, wakes and repairs; None without a live teacher."""
-        self.module_canary: ModuleCanary | None = None
-        """The canary of an in-process teacher module (:meth:`watch_module_teacher`)."""
-        self._evidence: tuple[int, bool] | None = None
-        self._module_canary_state: dict[str, Any] | None = None
-        """A loaded module canary's state, kept for a teacher module watched after the load."""
-        self._colocated_state: dict[str, Any] | None = None
-        """A loaded live teacher's canary and incidents, kept for a teacher attached after it."""
-        self.reference_spec = teacher_reference
-        """Where the teacher's reference comes from (``GuardConfig.teacher_reference``)."""
-        self.reference: TeacherReference | None = (
-            teacher_reference if isinstance(teacher_reference, TeacherReference) else None
+        self.teachers = WatchedTeachers(
+            canary,
+            reloader=reloader,
+            repair_attempts=repair_attempts,
+            repair_backoff_s=repair_backoff_s,
+            reference_spec=teacher_reference,
         )
-        """The teacher's reference from outside the run, once made (kept in the state)."""
+        """The live teacher, the in-process teacher module, and the reference they are held
+        against (:mod:`distill_guard.watched_teachers`)."""
+        self._evidence: tuple[int, bool] | None = None
         self.open_incident: int | None = None
         """The step of a teacher-attributed critical nothing could act on, while it is open
         (:attr:`~distill_guard.observations.StepMetrics.open_incident`)."""
-        self._pending: list[Finding] = []
-        """Findings made outside a hook (a reference that could not be had), said at the next."""
         self._attached = self._closed = False
         if teacher is not None:
             self.attach_teacher(teacher)
@@ -154,15 +138,8 @@ class DistillGuard:
         """Give the guard a live teacher to sleep, wake, verify and repair (learns V from it).
 
         ``canary`` and ``reloader`` default to the guard's own (its configuration's)."""
-        canary = canary if canary is not None else self.canary_spec
-        if isinstance(canary, CanaryCheck):
-            canary = Canary(canary)
-        self.colocated = ColocatedTeacher(
-            teacher,
-            canary,
-            reloader=reloader if reloader is not None else self.reloader,
-            repair_attempts=self.repair_attempts,
-            repair_backoff_s=self.repair_backoff_s,
+        colocated = self.teachers.attach(
+            teacher, canary, reloader, temperature=self.run.temperature
         )
         if self.run.vocab_size is None:
             try:
@@ -171,10 +148,7 @@ class DistillGuard:
                 v = None
             if v:
                 self.run = dataclasses.replace(self.run, vocab_size=int(v))
-        if self._colocated_state is not None:  # a resumed run's fingerprint, saved before
-            self.colocated.load_state_dict(self._colocated_state)
-        self._install_reference(self.colocated.canary, lambda: server_checkpoint(teacher))
-        return self.colocated
+        return colocated
 
     def watch_module_teacher(
         self, module: torch.nn.Module, *, temperature: float | None = None
@@ -190,34 +164,32 @@ class DistillGuard:
         colder, a copy of the student) is caught at the first step."""
         if temperature is not None and self.run.teacher_temperature is None:
             self.run = dataclasses.replace(self.run, teacher_temperature=float(temperature))
-        spec = self.canary_spec
-        self.module_canary = ModuleCanary(
+        return self.teachers.watch_module(
             module,
-            spec.check if isinstance(spec, Canary) else spec,
             vocab_size=self.run.vocab_size,
-            temperature=temperature if temperature is not None else self.run.temperature,
+            consumed_temperature=temperature if temperature is not None else self.run.temperature,
+            temperature=self.run.temperature,
         )
-        if self._module_canary_state is not None:  # a resumed run's reference, saved before
-            self.module_canary.load_state_dict(self._module_canary_state)
-        self._install_reference(self.module_canary.canary, lambda: module_checkpoint(module))
-        return self.module_canary
 
-    def _install_reference(self, canary: Canary, own_checkpoint: Callable[[], str | None]) -> None:
-        """Give ``canary`` the teacher's reference from outside the run, making it first if
-        needed; a reference that cannot be had is a finding (said at the next hook), and the
-        canary goes on against the fingerprint."""
-        if self.reference is None and self.reference_spec is not None:
-            self.reference, unavailable = make_reference(
-                self.reference_spec,
-                canary.check,
-                temperature=self.run.temperature,
-                own_checkpoint=own_checkpoint,
-            )
-            if unavailable is not None:
-                self._pending.append(unavailable)
-            self.reference_spec = None  # made or said once; the state keeps the reference
-        if self.reference is not None:
-            canary.use_reference(self.reference)
+    @property
+    def colocated(self) -> ColocatedTeacher | None:
+        """The teacher the guard sleeps, wakes and repairs; None without a live teacher."""
+        return self.teachers.colocated
+
+    @property
+    def module_canary(self) -> ModuleCanary | None:
+        """The canary of an in-process teacher module (:meth:`watch_module_teacher`)."""
+        return self.teachers.module_canary
+
+    @property
+    def reference(self) -> TeacherReference | None:
+        """The teacher's reference from outside the run, once made (kept in the state)."""
+        return self.teachers.reference
+
+    @property
+    def canary_spec(self) -> Canary | CanaryCheck | None:
+        """The canary a teacher attached later gets (the configured ``checks.canary``)."""
+        return self.teachers.canary_spec
 
     # ------------------------------------------------------------------ lifecycle hooks
 
@@ -340,12 +312,7 @@ class DistillGuard:
             "summary": self.summary.state_dict(),
             "run": dataclasses.asdict(self.run) | {"loss": self.run.loss.value},
         }
-        if self.colocated is not None:
-            state |= self.colocated.state_dict()
-        if self.module_canary is not None:
-            state["module_canary"] = self.module_canary.state_dict()
-        if self.reference is not None:
-            state["teacher_reference"] = self.reference.to_dict()
+        state |= self.teachers.state_dict()
         state["open_incident"] = self.open_incident
         return state
 
@@ -370,18 +337,7 @@ class DistillGuard:
         if "run" in state:
             self.run = RunSpec(**state["run"])
         self.open_incident = state.get("open_incident")
-        if state.get("teacher_reference"):  # the reference the run was judged against, kept
-            self.reference = TeacherReference.from_dict(state["teacher_reference"])
-            self.reference_spec = None
-        self._colocated_state = {k: state[k] for k in ("canary", "incidents") if k in state}
-        if self.colocated is not None:
-            self.colocated.load_state_dict(self._colocated_state)
-        self._module_canary_state = state.get("module_canary")
-        if self.module_canary is not None and self._module_canary_state is not None:
-            self.module_canary.load_state_dict(self._module_canary_state)
-        for canary in (self.canary, self.module_canary.canary if self.module_canary else None):
-            if canary is not None and self.reference is not None:
-                canary.use_reference(self.reference)
+        self.teachers.load_state_dict(state)
 
     def close(self) -> None:
         """Deliver pending alerts, write the ``closed`` record (the run's summary), and flush
@@ -422,8 +378,8 @@ class DistillGuard:
         """The one place a decision is made; a fault of the guard's own here becomes
         ``guard.internal_error`` and a safe decision, never an exception in the trainer."""
         self._announce()
-        if self._pending:
-            findings, self._pending = [*self._pending, *findings], []
+        if self.teachers.pending:
+            findings, self.teachers.pending = [*self.teachers.pending, *findings], []
         try:
             return decide(self, stage, step, findings)
         except Exception as exc:  # noqa: BLE001 - fail safe by design
