@@ -191,6 +191,19 @@ class DistillGuard:
         """The canary a teacher attached later gets (the configured ``checks.canary``)."""
         return self.teachers.canary_spec
 
+    @property
+    def repair_attempts(self) -> int:
+        """Reload-and-verify attempts of one repair (``repair.max_attempts``)."""
+        return self.teachers.repair_attempts
+
+    @property
+    def repair_backoff_s(self) -> float:
+        return self.teachers.repair_backoff_s
+
+    @property
+    def reloader(self) -> Reloader | None:
+        return self.teachers.reloader
+
     # ------------------------------------------------------------------ lifecycle hooks
 
     def wake(self, step: int, *, resume: Callable[[], Any] | None = None) -> Decision:
