@@ -227,20 +227,34 @@ class EntropyDriftCheck(Check):
             return []
         base = follow.baseline
         bound = max(self.follow_up_rise_rel * abs(base), self.follow_up_rise_abs)
-        if since - base < bound:
+        rise, trend = since - base, follow.trend_rise(metrics.step)
+        by_trend = trend is not None and trend >= bound and rise >= bound / 2
+        if rise < bound and not by_trend:
             return []
+        trend_said = (
+            f" and its trend since (the Theil–Sen slope over {metrics.step - follow.incident} "
+            f"steps) puts it {trend:.3f} above"
+            if trend is not None
+            else ""
+        )
         what = (
             f"Student entropy follows the open incident of step {follow.incident}: the median "
-            f"of its last {follow.window} values since is {since:.3f} nats, {since - base:.3f} "
-            f"above its level before the incident {base:.3f} (follow-up bound {bound:.3f}: "
-            f"{self.follow_up_rise_rel:.0%} of that level or {self.follow_up_rise_abs:g} nats, "
-            "whichever is larger)."
+            f"of its last {follow.window} values since is {since:.3f} nats, {rise:.3f} "
+            f"above its level before the incident {base:.3f}{trend_said} (follow-up bound "
+            f"{bound:.3f}: {self.follow_up_rise_rel:.0%} of that level or "
+            f"{self.follow_up_rise_abs:g} nats, whichever is larger; by the trend, with the "
+            "median at half of it)."
         )
         return [
             follow.finding(
                 metrics.step,
                 what,
-                {"student_entropy": h, "median_since": since, "bound": bound},
+                {
+                    "student_entropy": h,
+                    "median_since": since,
+                    "trend_rise": trend,
+                    "bound": bound,
+                },
             )
         ]
 

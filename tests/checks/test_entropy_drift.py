@@ -350,3 +350,48 @@ def test_an_old_state_without_the_new_keys_loads_as_a_stable_warm_up():
     assert state["trend"] is False
     rise = noise(4, 20, 3.0, 0.05)
     assert feed(b, rise, start=80) == feed(a, rise, start=80)
+
+
+def _first_confirmation(series, incident=0):
+    from distill_guard.checks.entropy_drift import EntropyDriftCheck
+    from distill_guard.findings import Code as _Code
+    from distill_guard.observations import RunSpec as _RunSpec
+    from distill_guard.observations import StepMetrics as _StepMetrics
+
+    check = EntropyDriftCheck()
+    for step, h in enumerate(series):
+        open_at = incident if step >= incident else None
+        found = check.on_step_metrics(
+            _StepMetrics(step, {"student_entropy": h}, open_incident=open_at), _RunSpec()
+        )
+        if any(f.code == _Code.STUDENT_FOLLOWS_DEAD_TEACHER for f in found):
+            return step
+    return None
+
+
+def test_a_slow_noisy_straight_climb_confirms_by_step_5_through_its_trend():
+    """The seed's entropy as a straight line (0.42 → 3.49 over 190 steps) with 0.01 nats of
+    noise: the median of three against one level alone confirms by step 5 in about 95 % of
+    draws; with the trend since the incident, in 199 of 200 here or more."""
+    import random
+
+    by_5 = 0
+    for seed in range(200):
+        rng = random.Random(seed)
+        series = [0.42 + 3.07 / 189 * t + rng.gauss(0, 0.01) for t in range(30)]
+        step = _first_confirmation(series)
+        by_5 += step is not None and step <= 5
+    assert by_5 >= 199, by_5
+
+
+def test_a_steady_student_under_an_open_incident_is_rarely_read_as_following_it():
+    """The other side of the trend: a student whose entropy holds (0.42 ± 0.01) under an open
+    incident is read as following it within 20 steps in at most 1 % of draws."""
+    import random
+
+    false = 0
+    for seed in range(200):
+        rng = random.Random(1000 + seed)
+        series = [0.42 + rng.gauss(0, 0.01) for _ in range(20)]
+        false += _first_confirmation(series) is not None
+    assert false <= 2, false
