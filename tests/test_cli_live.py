@@ -117,3 +117,25 @@ def test_serve_reference_and_probe_as_processes(tiny_dir) -> None:
 def test_serve_reference_requires_a_model(tmp_path, capsys) -> None:
     assert main(["serve-reference", "--model", str(tmp_path / "none"), "--port", "1"]) == 2
     assert "no config.json" in capsys.readouterr().err
+
+
+def test_probe_refused_the_pause_exits_2_in_one_line_and_leaves_the_teacher_serving(
+    tiny_dir, capsys, monkeypatch
+) -> None:
+    """A 401 on ``/pause_generation`` (a wrong admin key): nothing can be released, so the probe
+    cycles nothing, says why in one line and exits 2; it used to end in ``KeyError: 'release'``.
+    The teacher still scores."""
+    from distill_guard.testing.reference_server import ReferenceServer, serve_in_thread
+
+    server = ReferenceServer(TorchTeacher.from_pretrained(tiny_dir), admin_api_key="adm1n")
+    with serve_in_thread(server) as url:
+        monkeypatch.setenv("SGLANG_ADMIN_API_KEY", "wrong")
+        assert main(["probe", "--url", url, "--cycles", "2"]) == 2
+        err = capsys.readouterr().err
+        said = [line for line in err.splitlines() if line.startswith("distill-guard probe")]
+        assert len(said) == 1 and "Traceback" not in err, err
+        assert "could not be put to sleep (" in said[0] and "HTTP 401" in said[0], said
+        assert "left serving as it was" in said[0] and "wrong" not in err  # no key shown
+        monkeypatch.delenv("SGLANG_ADMIN_API_KEY")
+        with SGLangHTTPTeacher(url) as t:
+            assert not t.asleep and len(t.score([list(range(9, 30))]).token_logprobs[0]) == 20

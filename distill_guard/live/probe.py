@@ -14,7 +14,7 @@ from distill_guard.live.canary import Canary
 from distill_guard.live.colocate import ColocatedTeacher
 from distill_guard.live.preflight import preflight_teacher
 from distill_guard.live.repair import EventSink
-from distill_guard.teachers.base import Teacher
+from distill_guard.teachers.base import Teacher, TeacherError
 
 log = logging.getLogger("distill_guard")
 
@@ -82,6 +82,10 @@ class ProbeReport:
         }
 
 
+class NothingReleased(TeacherError):
+    """The first cycle's pause was refused (no route, an auth error): nothing was released."""
+
+
 def run_probe(
     teacher: Teacher,
     cycles: int = 3,
@@ -119,6 +123,8 @@ def run_probe(
         return report
     try:
         _cycles(colocated, cycles, report, repair, on_event, on_cycle)
+    except NothingReleased:
+        raise  # refused before anything was released: the teacher is as it was
     except BaseException:  # Ctrl-C, SIGTERM: never leave the teacher asleep or weightless
         _restore(colocated, report, on_event)
         raise
@@ -175,6 +181,15 @@ def _restore(colocated: ColocatedTeacher, report: ProbeReport, on_event: EventSi
 
 def _one_cycle(colocated: ColocatedTeacher, i: int) -> CycleReport:
     slept = colocated.sleep(i)
+    refused = [f for f in slept if str(f.values.get("during", "")).startswith("drain")]
+    if refused and not colocated.asleep:  # the pause was refused: nothing was released
+        if i == 1:
+            error = refused[0].values.get("error") or refused[0].message
+            raise NothingReleased(
+                f"the teacher could not be put to sleep ({error}), so nothing was cycled and it "
+                "was left serving as it was"
+            )
+        return CycleReport(i, 0.0, 0.0, None, None, False, False, slept)
     if any(f.values.get("during") == "release" for f in slept):
         return CycleReport(i, colocated.seconds["release"], 0.0, None, None, False, True, slept)
     woke = colocated.wake(i)
