@@ -14,9 +14,9 @@ import logging
 from typing import TYPE_CHECKING
 
 from distill_guard.events import attach_record
-from distill_guard.findings import Finding, Severity, internal_error
+from distill_guard.findings import Finding, internal_error
 from distill_guard.live.canary import Canary
-from distill_guard.policy import TEACHER_ATTRIBUTED, Action, Decision, Halt, feasible
+from distill_guard.policy import Action, Decision, Halt, acting, feasible, teacher_attributed
 from distill_guard.stages import Stage
 
 if TYPE_CHECKING:
@@ -82,7 +82,11 @@ def decide(guard: DistillGuard, stage: Stage, step: int, findings: list[Finding]
     pending, can_reload = stage.update_pending, guard.colocated is not None
     wanted = decision
     decision = feasible(decision, update_pending=pending, can_reload=can_reload)
-    if decision.action is Action.ALERT and _would_act(wanted) and _teacher_attributed(wanted):
+    if (
+        decision.action is Action.ALERT
+        and acting(wanted) is not None
+        and teacher_attributed(wanted.reasons)
+    ):
         guard.open_unactionable(decision)  # monitor-only too: it shows what acting would do
     local = feasible(local, update_pending=pending, can_reload=can_reload)
     if decision.action is Action.REWAKE:
@@ -96,19 +100,6 @@ def decide(guard: DistillGuard, stage: Stage, step: int, findings: list[Finding]
         guard.events.write("halt", stage=stage.value, step=step, message=decision.message)
         guard.events.close()
     return decision
-
-
-def _would_act(decision: Decision) -> bool:
-    """It skips, rewakes or halts, or (monitor-only) would have."""
-    return decision.acts or (
-        decision.intended is not None and decision.intended.rank >= Action.SKIP_BATCH.rank
-    )
-
-
-def _teacher_attributed(decision: Decision) -> bool:
-    return any(
-        f.severity is Severity.CRITICAL and f.code in TEACHER_ATTRIBUTED for f in decision.reasons
-    )
 
 
 def _reduce(guard: DistillGuard, decision: Decision) -> Decision:

@@ -7,6 +7,7 @@ and action are split so a preset can watch without acting (``monitor_only``).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -192,7 +193,7 @@ class Policy:
             action = Action.HALT
             why = f"critical findings on {critical_run} consecutive steps"
         elif critical:
-            teacher = any(f.code in TEACHER_ATTRIBUTED for f in critical)
+            teacher = teacher_attributed(critical)
             action = self.critical_action if teacher else Action.SKIP_BATCH
             why = "teacher-attributed critical finding" if teacher else "critical finding"
         elif warns and self.warn_patience is not None and warn_run >= self.warn_patience:
@@ -224,6 +225,22 @@ class Policy:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._critical.load_state_dict(state.get("critical", {}))
         self._warn.load_state_dict(state.get("warn", {}))
+
+
+def acting(decision: Decision) -> Action | None:
+    """The course-changing action of a decision, done or (monitor-only) intended; None if it
+    only alerts."""
+    acts = [
+        a
+        for a in (decision.action, decision.intended)
+        if a is not None and a.rank >= Action.SKIP_BATCH.rank
+    ]
+    return max(acts, key=lambda a: a.rank) if acts else None
+
+
+def teacher_attributed(findings: Iterable[Finding]) -> bool:
+    """Whether a critical finding among them is one the teacher explains (and a reload fixes)."""
+    return any(f.severity is Severity.CRITICAL and f.code in TEACHER_ATTRIBUTED for f in findings)
 
 
 def worst(*decisions: Decision) -> Decision:

@@ -10,7 +10,7 @@ from distill_guard.config import build_guard
 from distill_guard.findings import Code, Finding, Severity, worst
 from distill_guard.history import History
 from distill_guard.observations import Metric, RunSpec
-from distill_guard.policy import Action, Decision
+from distill_guard.policy import Action, Decision, acting
 
 
 class FirstAction(NamedTuple):
@@ -19,17 +19,6 @@ class FirstAction(NamedTuple):
     step: int | None
     action: str
     """``skip_batch``, ``rewake`` or ``halt`` (the intended one under ``monitor_only``)."""
-
-
-def acting(decision: Decision) -> Action | None:
-    """The course-changing action of a decision, done or (monitor-only) intended; None if it
-    only alerts."""
-    acts = [
-        a
-        for a in (decision.action, decision.intended)
-        if a is not None and a.rank >= Action.SKIP_BATCH.rank
-    ]
-    return max(acts, key=lambda a: a.rank) if acts else None
 
 
 @dataclass

@@ -177,15 +177,14 @@ class FollowUp:
     trend_points: int = 4
     """Values since the incident before :meth:`trend_rise` answers."""
     _recent: deque[tuple[int, float]] = field(default_factory=deque)
-    _since: deque[float] = field(default_factory=deque)
     _trend: deque[tuple[int, float]] = field(default_factory=deque)
+    """(step, value) since the incident: its last ``window`` are the median's, all the trend's."""
 
     def __post_init__(self) -> None:
         if self.window < 1:
             raise GuardValueError(f"window must be >= 1, got {self.window}")
         self._recent = deque(self._recent, maxlen=max(self.keep, self.window))
-        self._since = deque(self._since, maxlen=self.window)
-        self._trend = deque(self._trend, maxlen=TREND_KEEP)
+        self._trend = deque(self._trend, maxlen=max(TREND_KEEP, self.window))
 
     def add(
         self, step: int, value: float, incident: int | None, fallback: float | None = None
@@ -200,7 +199,7 @@ class FollowUp:
         self._recent.append((step, value))
         if incident is None:
             self.incident, self.baseline, self.said = None, None, False
-            self._since.clear()
+            self._trend.clear()
             return None
         if incident != self.incident:
             self.incident, self.said = incident, False
@@ -210,14 +209,14 @@ class FollowUp:
                 if before
                 else (fallback if fallback is not None else self.first)
             )
-            self._since = deque((v for s, v in self._recent if s > incident), maxlen=self.window)
-            self._trend = deque(((s, v) for s, v in self._recent if s > incident), TREND_KEEP)
+            self._trend = deque(
+                ((s, v) for s, v in self._recent if s > incident), self._trend.maxlen
+            )
         elif step > incident:
-            self._since.append(value)
             self._trend.append((step, value))
-        if self.baseline is None or len(self._since) < self.window:
+        if self.baseline is None or len(self._trend) < self.window:
             return None
-        return statistics.median(self._since)
+        return statistics.median(v for _, v in list(self._trend)[-self.window :])
 
     def trend_rise(self, step: int) -> float | None:
         """The rise since the incident along the Theil–Sen slope of the values since it (the
@@ -249,7 +248,6 @@ class FollowUp:
             "said": self.said,
             "first": self.first,
             "recent": [[s, v] for s, v in self._recent],
-            "since": list(self._since),
             "trend": [[s, v] for s, v in self._trend],
         }
 
@@ -261,9 +259,8 @@ class FollowUp:
         self._recent = deque(
             ((int(s), float(v)) for s, v in state.get("recent", [])), maxlen=self._recent.maxlen
         )
-        self._since = deque((float(v) for v in state.get("since", [])), maxlen=self.window)
         self._trend = deque(
-            ((int(s), float(v)) for s, v in state.get("trend", [])), maxlen=TREND_KEEP
+            ((int(s), float(v)) for s, v in state.get("trend", [])), maxlen=self._trend.maxlen
         )
 
 

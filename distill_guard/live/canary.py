@@ -96,6 +96,7 @@ class Canary:
         if self.vocab_size is None and reference.vocab_size:
             self.vocab_size = int(reference.vocab_size)
         self.reference = reference
+        self._reference_measurement = reference.measurement()  # judged against at every wake
 
     # -- measuring ---------------------------------------------------------------------------
 
@@ -165,7 +166,7 @@ class Canary:
             tolerance_mean, tolerance_max = ref.tolerance(self._serving_dtype(teacher))
             wrong, self.last_reference_values = self.check.judge_reference(
                 measured,
-                ref.measurement(),
+                self._reference_measurement,
                 tolerance_mean=tolerance_mean,
                 tolerance_max=tolerance_max,
                 source=ref.source,

@@ -177,18 +177,13 @@ def score_canary(
     module: torch.nn.Module, tokens: list[int], top_k: int, *, temperature: float = 1.0
 ) -> CanaryMeasurement:
     """The canary scored by a module's own forward at ``temperature`` (gradients off, eval mode
-    for the call, the module's mode restored)."""
+    for the call, the module's mode restored): :meth:`Canary.measure` on a
+    :class:`~distill_guard.live.module_canary.ModuleScorer`."""
+    from distill_guard.live.canary import Canary
     from distill_guard.live.module_canary import ModuleScorer
 
-    t0 = time.perf_counter()
-    res = ModuleScorer(module, temperature=temperature).score([tokens], top_k=top_k)
-    return CanaryMeasurement(
-        tokens=list(tokens),
-        token_logprobs=res.token_logprobs[0].tolist(),
-        topk_logprobs=res.topk_logprobs[0].tolist() if res.topk_logprobs else None,
-        topk_ids=res.topk_ids[0].tolist() if res.topk_ids else None,
-        seconds=time.perf_counter() - t0,
-    )
+    canary = Canary(CanaryCheck(tokens=list(tokens), top_k=top_k))
+    return canary.measure(ModuleScorer(module, temperature=temperature))  # type: ignore[arg-type]
 
 
 def reference_from_module(
