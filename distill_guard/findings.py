@@ -50,6 +50,8 @@ class Code:
     TEACHER_UNREACHABLE = "teacher.unreachable"
     TEACHER_REPAIRED = "teacher.repaired"
     TEACHER_REPAIR_FAILED = "teacher.repair_failed"
+    TEACHER_STATE_UNKNOWN = "teacher.state_unknown"
+    TEACHER_RELEASE_SKIPPED = "teacher.release_skipped"
     LOSS_JSD_CEILING = "loss.jsd_ceiling"
     LOSS_ABOVE_CEILING = "loss.above_ceiling"
     LOSS_REVERSE_KL_SIGNATURE = "loss.reverse_kl_signature"

@@ -221,7 +221,9 @@ class DistillGuard:
         colocated = self.colocated
         findings = self._safely("wake", lambda: colocated.wake(step, resume), step)
         self._note_evidence(step, findings)
-        return self._conclude(Stage.WAKE, step, findings)
+        decision = self._conclude(Stage.WAKE, step, findings)
+        self._safely("settle", lambda: colocated.settle(decision), step)
+        return decision
 
     def sleep(self, step: int, *, release: Callable[[], Any] | None = None) -> Decision:
         """Fingerprint the teacher, then put it to sleep (or run the host's ``release``).

@@ -48,6 +48,10 @@ CONFIRMS_OPEN_INCIDENT = frozenset({Code.STUDENT_FOLLOWS_DEAD_TEACHER})
 confirmed by the student's own signals moving the way a dead teacher moves them. Nothing can
 repair the teacher from where the incident was seen, and every further update trains on it."""
 
+UNUSABLE_TEACHER = frozenset({Code.TEACHER_STATE_UNKNOWN})
+"""Critical findings that halt at once: the teacher cannot be called safely (whether it is
+released cannot be known), so nothing it scores can be verified and no repair can reach it."""
+
 
 @dataclass(frozen=True)
 class Decision:
@@ -189,6 +193,9 @@ class Policy:
         if any(f.code in CONFIRMS_OPEN_INCIDENT for f in critical):
             action = Action.HALT
             why = "an open teacher-attributed critical, confirmed by the student's own signals"
+        elif any(f.code in UNUSABLE_TEACHER for f in critical):
+            action = Action.HALT
+            why = "a teacher no call can safely reach"
         elif critical and critical_run >= self.halt_after_critical_steps:
             action = Action.HALT
             why = f"critical findings on {critical_run} consecutive steps"

@@ -5,8 +5,13 @@ This is the one implementation of the teacher's side of a colocated step. The gu
 :meth:`~distill_guard.guard.DistillGuard.wake`); examples and integrations call the guard, never
 the teacher's release and resume themselves::
 
-    wake:  resume ─► canary (vs. the fingerprint) ─► [repair: reload, flush, canary]
-    sleep: fingerprint ─► release
+    sleep: fingerprint (canary, checksum) ─► drain (per version) ─► release
+    wake:  resume ─► checksum (traffic still held) ─► continue ─► canary
+           └► [repair: reload ─► checksum ─► continue ─► flush ─► canary]
+
+A teacher is never sent a call that can kill it: no forward or checksum while it may be
+released, no resume unless it is known released, no release unless that version's release will
+find it idle (``docs/teachers.md`` §7).
 
 Where the host framework sleeps and wakes the teacher itself (Relax's teacher manager), it passes
 its own ``release`` / ``resume`` call; the teacher's tracked sleep state follows it.
@@ -15,6 +20,7 @@ its own ``release`` / ``resume`` call; the teacher's tracked sleep state follows
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -24,7 +30,13 @@ from distill_guard.live.canary import Canary, teacher_error_finding
 from distill_guard.live.incidents import IncidentTracker
 from distill_guard.live.repair import EventSink, Reloader, RepairOutcome, repair_teacher
 from distill_guard.policy import Action, Decision
-from distill_guard.teachers.base import Teacher, TeacherError
+from distill_guard.teachers.base import ReleaseUnsafe, Teacher, TeacherError
+
+log = logging.getLogger("distill_guard")
+
+
+def _named(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"
 
 
 class ColocatedTeacher:
@@ -56,8 +68,12 @@ class ColocatedTeacher:
         self.repair_attempts = repair_attempts
         self.repair_backoff_s = repair_backoff_s
         self.incidents = IncidentTracker()
-        self._drained = False
+        self.held = False
+        """The guard's pause holds the teacher's traffic (from its drain until the wake has
+        verified it): requests sent meanwhile wait, and run once it is released."""
         self._checksum: str | None = None
+        self._slept_checksum: str | None = None
+        self._said: set[str] = set()
         self.seconds: dict[str, float] = {}
         """Wall time of the last ``release`` and ``resume`` calls (the host's, where it made them)."""
 
@@ -71,14 +87,26 @@ class ColocatedTeacher:
         return self.incidents.total_repairs
 
     def sleep(self, step: int, release: Callable[[], Any] | None = None) -> list[Finding]:
-        """Fingerprint the teacher, then release it (or run the host's ``release``)."""
+        """Fingerprint the teacher, then release it (or run the host's ``release``).
+
+        The guard's own release is made only where the teacher's version lets it be safe
+        (:meth:`~distill_guard.teachers.TrackedTeacher.drain`); otherwise the teacher stays
+        awake and the first time is said (``teacher.release_skipped``)."""
         findings = self.fingerprint(step)
         if release is not None:
-            self._timed("release", release)  # the host's own call: its errors are its own
+            try:
+                self._timed("release", release)
+            except Exception as e:  # noqa: BLE001 - the host's call: the state is now unknown
+                return [*findings, self._unknown(step, f"the host's release raised {_named(e)}")]
             self.teacher.mark_released(self.tags)
             return findings
-        try:  # SGLang's release asserts an idle server: drain first, or do not release
+        unknown = getattr(self.teacher, "state_unknown", None)
+        if unknown:
+            return [*findings, self._unknown(step, str(unknown))]
+        try:
             self.teacher.drain()
+        except ReleaseUnsafe as e:
+            return [*findings, *self._once(step, "release_skipped", str(e))]
         except TeacherError as e:
             findings.append(
                 teacher_error_finding(
@@ -86,26 +114,19 @@ class ColocatedTeacher:
                 )
             )
             return findings
-        self._drained = True
+        self.held = True
         try:
             self._timed("release", lambda: self.teacher.release(self.tags))
-        except TeacherError as e:  # it stays awake: nothing it scores is wrong, memory is not freed
+        except TeacherError as e:
+            if getattr(self.teacher, "state_unknown", None):  # no answer: left held, not resumed
+                return [*findings, self._unknown(step, str(e))]
+            # an error answer: not released, it stays awake and serving; memory is not freed
             findings.append(
                 teacher_error_finding(e, step, during="release", severity=Severity.WARN)
             )
-            self._undrain(findings, step)
+            self._release_hold(findings, step)
+            return findings
         return findings
-
-    def _undrain(self, findings: list[Finding], step: int) -> None:
-        if not self._drained:
-            return
-        try:
-            self.teacher.undrain()
-            self._drained = False
-        except TeacherError as e:
-            findings.append(
-                teacher_error_finding(e, step, during="continue generation", severity=Severity.WARN)
-            )
 
     def fingerprint(self, step: int) -> list[Finding]:
         """Take the reference the next wake is held against (canary, and the weights checksum
@@ -113,11 +134,10 @@ class ColocatedTeacher:
         where the teacher is awake and nothing else releases it meanwhile."""
         try:
             self.canary.fingerprint(self.teacher, step=step)
-            self._checksum = self._weights_checksum()
         except TeacherError as e:
             # a stale reference would judge the next wake against weights the teacher no longer
             # has (an EMA teacher moves every step): without one, the wake checks only for
-            # uniform and non-finite values
+            # uniform and non-finite values (and against the checkpoint's reference, if any)
             self.canary.forget()
             self._checksum = None
             return [
@@ -125,37 +145,134 @@ class ColocatedTeacher:
                     e, step, during="fingerprint before sleep", severity=Severity.WARN
                 )
             ]
+        try:  # a checksum that cannot be read is its own finding; the canary keeps its reference
+            self._checksum = self._weights_checksum()
+        except TeacherError as e:
+            self._checksum = None
+            return [
+                teacher_error_finding(e, step, during="weights checksum", severity=Severity.WARN)
+            ]
         return []
 
     def wake(self, step: int, resume: Callable[[], Any] | None = None) -> list[Finding]:
-        """Resume the teacher (or run the host's ``resume``), then verify it with the canary.
+        """Resume the teacher (or run the host's ``resume``), verify it, then let its traffic
+        run, then the canary.
 
-        The guard resumes only a teacher it knows is asleep, and asks a server first (a release
-        that failed left it awake, someone else may have woken it, and resuming a tag that is
-        not released kills an SGLang server)."""
-        try:
-            if resume is not None:
+        The guard resumes only a teacher released through the teacher itself; one the host
+        released with its own handle is woken by the host (``resume``), and where nobody says, the state is unknown and nothing is sent
+        (``teacher.state_unknown``: a resume of an awake teacher and a forward on a released
+        one both kill SGLang). While the guard's pause holds the traffic, the weights checksum
+        (where the version has one) is checked first: a teacher that fails it stays held for
+        the repair, so no request runs on weights nobody verified."""
+        teacher = self.teacher
+        if resume is not None:
+            try:
                 self._timed("resume", resume)
-                self.teacher.mark_resumed(self.tags)
-            elif self.asleep and (self._drained or self.teacher.confirm_asleep()):
-                # drained by the guard: it holds the teacher, no one else woke it
-                self._timed("resume", lambda: self.teacher.resume(self.tags))
-        except TeacherError as e:
-            return [teacher_error_finding(e, step, during="resume")]
-        undrained: list[Finding] = []
-        self._undrain(undrained, step)
-        if undrained:
-            return undrained
-        try:
-            findings = self.canary.verify(self.teacher, step=step)
-            findings += self._verify_checksum(step)
-        except TeacherError as e:
+            except Exception as e:  # noqa: BLE001 - the host's call: the state is now unknown
+                return [self._unknown(step, f"the host's resume raised {_named(e)}")]
+            teacher.mark_resumed(self.tags)
+        elif getattr(teacher, "state_unknown", None):
+            return [self._unknown(step, str(teacher.state_unknown))]
+        elif self.asleep and getattr(teacher, "released_by_host", False):
             return [
-                teacher_error_finding(e, step, during="canary after wake", severity=Severity.WARN)
+                self._unknown(
+                    step,
+                    "the host released it (sleep(release=...)) and this wake passed no resume=, "
+                    "so whether the host has woken it is not known. Pass the host's own onload "
+                    "as wake(step, resume=...), or call teacher.mark_resumed() after it",
+                )
             ]
+        elif self.asleep:
+            try:
+                self._timed("resume", lambda: teacher.resume(self.tags))
+            except TeacherError as e:
+                if getattr(teacher, "state_unknown", None):
+                    return [self._unknown(step, str(e))]
+                return [teacher_error_finding(e, step, during="resume")]
+        findings: list[Finding] = []
+        if self.held:
+            checked = self._checked_checksum(step)
+            if any(f.severity is Severity.CRITICAL for f in checked):
+                return checked  # held: the repair (or the halt) decides what runs next
+            findings += checked
+            if not self._release_hold(findings, step):
+                return findings
+        else:
+            findings += self._checked_checksum(step)
+        try:
+            findings = self.canary.verify(teacher, step=step) + findings
+        except TeacherError as e:
+            findings.append(
+                teacher_error_finding(e, step, during="canary after wake", severity=Severity.WARN)
+            )
         if not findings:
             self.incidents.on_clean_wake(step)
         return findings
+
+    def settle(self, decision: Decision) -> None:
+        """After the wake's decision: a teacher still held (its checksum failed and no repair
+        released it) is let go when the run goes on, its traffic is the host's again; at a halt
+        it stays paused, and the log says how to let it go."""
+        if not self.held:
+            return
+        if decision.action is Action.HALT:
+            log.error(
+                "distill_guard: the teacher is left paused (/pause_generation): the requests it "
+                "holds would run on weights that failed their check. Repair or restart it, then "
+                "POST /continue_generation."
+            )
+            return
+        self._release_hold([], decision.step)
+
+    def _release_hold(self, findings: list[Finding], step: int | None) -> bool:
+        """``/continue_generation`` after the guard's pause; a failure is a finding, and the
+        teacher stays held (nothing runs on it until it is let go)."""
+        if not self.held:
+            return True
+        try:
+            self.teacher.undrain()
+        except TeacherError as e:
+            findings.append(
+                teacher_error_finding(e, step, during="continue generation", severity=Severity.WARN)
+            )
+            return False
+        self.held = False
+        return True
+
+    def _unknown(self, step: int | None, why: str) -> Finding:
+        mark = getattr(self.teacher, "mark_unknown", None)
+        if callable(mark):
+            mark(why)
+        return Finding(
+            Code.TEACHER_STATE_UNKNOWN,
+            Severity.CRITICAL,
+            f"Whether the teacher is released cannot be known: {why}. SGLang cannot be asked, "
+            "and a resume of an awake teacher or a forward on a released one kills it, so the "
+            "guard sends it nothing (no resume, no canary, no repair) and the run halts. Check "
+            "the server (its log says whether the last release or resume ran), then resume "
+            "the run with its state said (teacher.mark_resumed() or mark_released()).",
+            step,
+            {"why": why},
+        )
+
+    def _once(self, step: int, kind: str, message: str) -> list[Finding]:
+        """A finding the run needs to hear once (a version on which the guard never releases);
+        later occurrences are logged at INFO."""
+        if kind in self._said:
+            log.info("distill_guard: step %s: %s", step, message)
+            return []
+        self._said.add(kind)
+        return [Finding(Code.TEACHER_RELEASE_SKIPPED, Severity.WARN, message, step, {"kind": kind})]
+
+    def _checked_checksum(self, step: int) -> list[Finding]:
+        """The checksum across the sleep, where the teacher has one; one that cannot be read is
+        a finding of its own and leaves the canary to judge."""
+        try:
+            return self._verify_checksum(step)
+        except TeacherError as e:
+            return [
+                teacher_error_finding(e, step, during="weights checksum", severity=Severity.WARN)
+            ]
 
     def _weights_checksum(self) -> str | None:
         """SGLang 0.5.23's exact, forward-free ``/weights_checker`` checksum, where there is one."""
@@ -166,6 +283,10 @@ class ColocatedTeacher:
         """Beside the canary: the checksum is exact for the parameters but skips RoPE-style
         buffers, which the canary sees; either one failing is a changed teacher."""
         before, self._checksum = self._checksum, None
+        self._slept_checksum = before  # the repair's reference until the next sleep
+        return self._compare_checksum(step, before)
+
+    def _compare_checksum(self, step: int | None, before: str | None) -> list[Finding]:
         if before is None:
             return []
         after = self._weights_checksum()
@@ -183,6 +304,18 @@ class ColocatedTeacher:
                 {"checksum_before": before, "checksum_after": after, "source": "weights_checker"},
             )
         ]
+
+    def _repair_checksum(self, step: int | None) -> list[Finding]:
+        """The repair's exact check, while the traffic is still held: the reloaded weights
+        against the checksum they had before the sleep (where there is one)."""
+        return self._compare_checksum(step, self._slept_checksum)
+
+    def _repair_release_hold(self) -> None:
+        """The repair lets the held traffic run once the weights passed the checksum, before
+        the canary (which the pause would hold too); a failure is retried by itself."""
+        if self.held:
+            self.teacher.undrain()
+            self.held = False
 
     def _timed(self, what: str, call: Callable[[], Any]) -> None:
         t0 = time.perf_counter()
@@ -203,6 +336,8 @@ class ColocatedTeacher:
             backoff_s=self.repair_backoff_s,
             step=step,
             on_event=on_event,
+            checksum=self._repair_checksum,
+            release_hold=self._repair_release_hold if self.held else None,
         )
         return outcome, self.incidents.on_repair(outcome, step=step, cause=cause)
 

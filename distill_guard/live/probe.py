@@ -163,11 +163,14 @@ def _restore(colocated: ColocatedTeacher, report: ProbeReport, on_event: EventSi
     verified if the wake lost its weights; what it could not do is logged, not raised."""
     step = len(report.cycles) + 1
     try:
-        lost = (
-            colocated.wake(step)
-            if colocated.asleep
-            else colocated.canary.verify(colocated.teacher, step=step)
-        )
+        if colocated.asleep:
+            lost = colocated.wake(step)
+        elif colocated.held:  # interrupted between the pause and the release
+            colocated.teacher.undrain()
+            colocated.held = False
+            lost = colocated.canary.verify(colocated.teacher, step=step)
+        else:
+            lost = colocated.canary.verify(colocated.teacher, step=step)
         if lost:
             outcome, _ = colocated.repair(step, lost, on_event)
             state = "repaired and verified" if outcome.ok else "NOT repaired: reload it by hand"
@@ -181,8 +184,13 @@ def _restore(colocated: ColocatedTeacher, report: ProbeReport, on_event: EventSi
 
 def _one_cycle(colocated: ColocatedTeacher, i: int) -> CycleReport:
     slept = colocated.sleep(i)
-    refused = [f for f in slept if str(f.values.get("during", "")).startswith("drain")]
-    if refused and not colocated.asleep:  # the pause was refused: nothing was released
+    refused = [
+        f
+        for f in slept
+        if str(f.values.get("during", "")).startswith("drain")
+        or f.code == Code.TEACHER_RELEASE_SKIPPED
+    ]
+    if refused and not colocated.asleep:  # the pause was refused or unsafe: nothing released
         if i == 1:
             error = refused[0].values.get("error") or refused[0].message
             raise NothingReleased(
@@ -195,7 +203,8 @@ def _one_cycle(colocated: ColocatedTeacher, i: int) -> CycleReport:
     woke = colocated.wake(i)
     sleep_wake = colocated.seconds["release"] + colocated.seconds["resume"]
     findings = slept + woke
-    if any(f.code == Code.TEACHER_UNREACHABLE for f in woke):  # no resume, or no canary answer
+    if colocated.held or any(f.code == Code.TEACHER_UNREACHABLE for f in woke):
+        # held: the checksum failed before the traffic ran; else no resume or no canary answer
         return CycleReport(i, sleep_wake, 0.0, None, None, False, True, findings)
     cmp = colocated.canary.last_comparison
     assert cmp is not None

@@ -10,7 +10,7 @@ from typing import Any
 from distill_guard.errors import GuardValueError
 from distill_guard.findings import Code, Finding, Severity
 from distill_guard.live.canary import Canary, teacher_error_finding
-from distill_guard.teachers.base import Teacher, TeacherError, TeacherUnreachable
+from distill_guard.teachers.base import Teacher, TeacherError, TeacherStateError, TeacherUnreachable
 
 Reloader = Callable[[Teacher], None]
 """Puts the right weights back into a woken teacher: for EMA or tensor-pushed teachers, whose
@@ -41,6 +41,13 @@ def _noop(kind: str, payload: dict[str, Any]) -> None:
     pass
 
 
+class _Unverified(Exception):
+    """A check of the repair failed: the reload did not bring the teacher back (yet)."""
+
+    def __init__(self, findings: list[Finding]) -> None:
+        self.findings = findings
+
+
 def repair_teacher(
     teacher: Teacher,
     canary: Canary,
@@ -51,11 +58,23 @@ def repair_teacher(
     on_event: EventSink | None = None,
     step: int | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    checksum: Callable[[int | None], list[Finding]] | None = None,
+    release_hold: Callable[[], None] | None = None,
 ) -> RepairOutcome:
-    """Resume if asleep, reload, flush, verify with the canary; retry with backoff, then give up.
+    """Resume if asleep, reload, verify, flush, canary; each failed call retried by itself with
+    backoff, a failed check from the reload; then give up.
+
+    The stages, in order: ``resume`` (only a teacher known to be released; one whose state is
+    unknown is never resumed, and the repair stops), ``reload``, ``checksum`` (the reloaded
+    weights against their checksum before the sleep; ``checksum`` gives it), ``flush`` (unless
+    the reload flushed), then, where the guard's pause still holds the traffic,
+    ``continue`` (``release_hold``: the held requests run on verified weights), and ``verify``
+    (the canary). A teacher call that fails is retried from that stage, so
+    a flush refused under traffic is asked again without loading the weights twice; a check
+    that fails is retried from the reload.
 
     Each attempt emits ``repair.attempt``, then ``repair.resume`` / ``repair.reload`` /
-    ``repair.flush`` as they happen, and ends with ``repair.ok``, ``repair.failed`` (the canary
+    ``repair.flush`` as they happen, and ends with ``repair.ok``, ``repair.failed`` (a check
     still fails) or ``repair.error`` (a teacher call failed); after the last, ``repair.gave_up``.
     The reload uses ``reloader(teacher)`` if given, else ``teacher.reload_weights()`` (the
     server's own ``model_path``). The canary is held against the checkpoint's reference where
@@ -67,58 +86,93 @@ def repair_teacher(
         raise GuardValueError(f"max_attempts must be >= 1, got {max_attempts}")
     emit = on_event or _noop
     reference = getattr(canary, "reference", None)
+
+    def resume() -> None:
+        if teacher.asleep:
+            teacher.resume()
+
+    def reload() -> None:
+        if reloader is not None:
+            reloader(teacher)
+        else:
+            teacher.reload_weights()
+
+    def check(found: list[Finding]) -> None:
+        if found:
+            raise _Unverified(found)
+
+    def flush() -> None:
+        if not getattr(teacher, "reload_flushes", False):  # else the reload flushed
+            teacher.flush_cache()
+
+    # held (the guard's pause is on): flushed at once before the traffic runs; else the flush
+    # waits for the running requests
+    stages: list[tuple[str, Callable[[], None]]] = [
+        ("resume", resume),
+        ("reload", reload),
+        ("checksum", lambda: check(checksum(step) if checksum is not None else [])),
+        *(
+            [("flush", flush), ("continue", release_hold)]
+            if release_hold is not None
+            else [("flush", flush)]
+        ),
+        ("verify", lambda: check(canary.verify(teacher, step=step, repair=True))),
+    ]
+    events = {"resume": "repair.resume", "reload": "repair.reload", "flush": "repair.flush"}
     t0 = time.perf_counter()
     last: list[Finding] = []
+    first = 0
+    stop = f"{max_attempts} attempts failed"
     for attempt in range(1, max_attempts + 1):
         emit("repair.attempt", {"attempt": attempt, "max_attempts": max_attempts, "step": step})
-        stage = "resume"
+        stage = stages[first][0]
         try:
-            if teacher.asleep and teacher.confirm_asleep():  # never resume an awake teacher
-                teacher.resume()
-                emit("repair.resume", {"attempt": attempt})
-            stage = "reload"
-            if reloader is not None:
-                reloader(teacher)
-            else:
-                teacher.reload_weights()
-            emit("repair.reload", {"attempt": attempt, "custom_reloader": reloader is not None})
-            stage = "flush"
-            teacher.flush_cache()
-            emit("repair.flush", {"attempt": attempt})
-            stage = "verify"
-            last = canary.verify(teacher, step=step, repair=True)
+            for index in range(first, len(stages)):
+                stage, run = stages[index]
+                was_asleep = teacher.asleep
+                run()
+                if stage in events and (stage != "resume" or was_asleep):
+                    payload: dict[str, Any] = {"attempt": attempt}
+                    if stage == "reload":
+                        payload["custom_reloader"] = reloader is not None
+                    emit(events[stage], payload)
+        except _Unverified as failed:
+            last = failed.findings
+            emit(
+                "repair.failed",
+                {"attempt": attempt, "during": stage, "findings": [f.to_dict() for f in last]},
+            )
+            first = 1  # a check failed: from the reload
         except TeacherError as e:
             last = [teacher_error_finding(e, step, during=f"repair {stage}")]
             emit("repair.error", {"attempt": attempt, "during": stage, "error": str(e)})
-            if isinstance(e, TeacherUnreachable):
-                stop = f"the teacher did not answer during {stage}"
-                break
-        else:
-            if not last:
-                seconds = time.perf_counter() - t0
-                emit("repair.ok", {"attempt": attempt, "seconds": seconds})
-                done = Finding(
-                    Code.TEACHER_REPAIRED,
-                    Severity.WARN,
-                    f"Teacher repaired by rewake (resume, reload, flush) on attempt {attempt} of "
-                    f"{max_attempts} in {seconds:.2f} s; the canary now matches "
-                    + (
-                        f"its checkpoint's reference ({reference.source})."
-                        if reference is not None
-                        else "its fingerprint."
-                    ),
-                    step,
-                    {"attempts": attempt, "seconds": seconds},
+            if isinstance(e, (TeacherUnreachable, TeacherStateError)):
+                stop = (
+                    f"the teacher did not answer during {stage}"
+                    if isinstance(e, TeacherUnreachable)
+                    else f"the teacher's state forbids {stage}"
                 )
-                return RepairOutcome(True, attempt, [done], seconds)
-            emit(
-                "repair.failed",
-                {"attempt": attempt, "findings": [f.to_dict() for f in last]},
+                break
+            first = index  # retry only the call that failed
+        else:
+            seconds = time.perf_counter() - t0
+            emit("repair.ok", {"attempt": attempt, "seconds": seconds})
+            done = Finding(
+                Code.TEACHER_REPAIRED,
+                Severity.WARN,
+                f"Teacher repaired by rewake (reload, verify, flush) on attempt {attempt} of "
+                f"{max_attempts} in {seconds:.2f} s; the canary now matches "
+                + (
+                    f"its checkpoint's reference ({reference.source})."
+                    if reference is not None
+                    else "its fingerprint."
+                ),
+                step,
+                {"attempts": attempt, "seconds": seconds},
             )
+            return RepairOutcome(True, attempt, [done], seconds)
         if attempt < max_attempts:
             sleep(backoff_s * 2 ** (attempt - 1))
-        else:
-            stop = f"{max_attempts} attempts failed"
     seconds = time.perf_counter() - t0
     emit("repair.gave_up", {"attempts": attempt, "seconds": seconds, "why": stop})
     last_codes = "; ".join(f.code for f in last) or "no finding"

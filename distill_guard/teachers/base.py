@@ -55,6 +55,12 @@ class TeacherStateError(TeacherError):
     """
 
 
+class ReleaseUnsafe(TeacherError):
+    """The guard did not release the teacher: on this version no release is safe now (no pause
+    route, or requests still running or waiting where the release counts them). The teacher was
+    left awake and serving; nothing was lost."""
+
+
 @dataclass(frozen=True)
 class ScoreResult:
     """Per-token logprobs of given token sequences, one entry per sequence, in input order.
@@ -153,6 +159,12 @@ class SleepState:
         self._released: set[str] = set()
         self.tags_supported = tags_supported
         """False for old servers that ignore tags: every release and resume acts on all tags."""
+        self.by_host = False
+        """The release was the host's, through its own handle (:meth:`mark_released`)."""
+        self.unknown: str | None = None
+        """Why the state cannot be known (a release or resume that got no answer, a host call
+        that raised): until someone says what the teacher is (``mark_*``), no call is made to it,
+        since a resume of an awake teacher and a forward on a released one both kill it."""
 
     @property
     def released(self) -> frozenset[str]:
@@ -165,8 +177,22 @@ class SleepState:
     def _effective(self, tags: Sequence[str] | None) -> tuple[str, ...]:
         return ALL_TAGS if not self.tags_supported else normalize_tags(tags)
 
+    def check_known(self, what: str) -> None:
+        """Raise :class:`TeacherStateError` if the state is unknown: ``what`` would be a guess."""
+        if self.unknown is not None:
+            raise TeacherStateError(
+                f"refusing to {what}: whether the teacher is released cannot be known "
+                f"({self.unknown}), and SGLang cannot be asked. A resume of an awake teacher and "
+                "a forward on a released one both kill it. Check the server, then call "
+                "mark_resumed() or mark_released() to say what it is."
+            )
+
+    def mark_unknown(self, reason: str) -> None:
+        self.unknown = reason
+
     def check_release(self, tags: Sequence[str] | None) -> tuple[str, ...]:
         """The tags a release would act on; raises if any of them is already released."""
+        self.check_known("release")
         eff = self._effective(tags)
         again = sorted(set(eff) & self._released)
         if again:
@@ -179,6 +205,7 @@ class SleepState:
 
     def check_resume(self, tags: Sequence[str] | None) -> tuple[str, ...]:
         """The tags a resume would act on (None = all released); raises if one is not released."""
+        self.check_known("resume")
         if tags is None or not self.tags_supported:
             eff = tuple(t for t in ALL_TAGS if t in self._released)
         else:
@@ -192,20 +219,35 @@ class SleepState:
         return eff
 
     def check_score(self) -> None:
+        self.check_awake("score")
+
+    def check_awake(self, what: str) -> None:
+        """Raise :class:`TeacherStateError` unless the teacher is known to be awake: ``what``
+        (a score, a checksum, a reload, a flush) reaches its memory, and SGLang does not stop a
+        call on released memory; the CUDA error kills it."""
+        self.check_known(what)
         if self._released:
             raise TeacherStateError(
-                f"refusing to score while asleep (released: {sorted(self._released)}): "
-                "resume the teacher first; SGLang does not stop a request on released memory."
+                f"refusing to {what} while asleep (released: {sorted(self._released)}): "
+                "resume the teacher first; SGLang does not stop a call on released memory, and "
+                "it dies of it."
             )
 
-    def mark_released(self, tags: Sequence[str] | None) -> None:
+    def mark_released(self, tags: Sequence[str] | None, *, by_host: bool = True) -> None:
+        """Record a release; ``by_host``: made through another handle (a framework's own
+        offload), which also resumes it, so only the host can say when it is awake again."""
+        self.unknown = None
         self._released.update(self._effective(tags))
+        self.by_host = by_host
 
     def mark_resumed(self, tags: Sequence[str] | None) -> None:
+        self.unknown = None
         if tags is None or not self.tags_supported:
             self._released.clear()
         else:
             self._released.difference_update(normalize_tags(tags))
+        if not self._released:
+            self.by_host = False
 
 
 def check_score_args(
@@ -260,14 +302,23 @@ class TrackedTeacher:
     def release(self, tags: Sequence[str] | None = None) -> None:
         self._learn_tags()
         eff = self.sleep_state.check_release(tags)
-        self._release(eff)
-        self.sleep_state.mark_released(eff)
+        self._unanswered("release", lambda: self._release(eff))
+        self.sleep_state.mark_released(eff, by_host=False)
 
     def resume(self, tags: Sequence[str] | None = None) -> None:
         self._learn_tags()
         eff = self.sleep_state.check_resume(tags)
-        self._resume(eff)
+        self._unanswered("resume", lambda: self._resume(eff))
         self.sleep_state.mark_resumed(eff)
+
+    def _unanswered(self, what: str, call: Any) -> None:
+        """Run a release or resume; one that got no answer may have happened or not, so the
+        state becomes unknown (an error answer means it was not done: the state stands)."""
+        try:
+            call()
+        except TeacherUnreachable as e:
+            self.sleep_state.mark_unknown(f"the {what} got no answer: {e}")
+            raise
 
     def mark_released(self, tags: Sequence[str] | None = None) -> None:
         self.sleep_state.mark_released(tags)
@@ -279,14 +330,24 @@ class TrackedTeacher:
         """Before the first release or resume: whether the backend honours memory tags (a server
         client reads it from its version; in process it is known)."""
 
-    def confirm_asleep(self) -> bool:
-        """Whether the teacher really is asleep, before a resume that would kill it if not.
-        In process the tracked state is the truth; a server client asks the server."""
-        return self.asleep
+    @property
+    def released_by_host(self) -> bool:
+        """Asleep through the host's own handle (:meth:`mark_released`): only the host wakes it."""
+        return self.sleep_state.asleep and self.sleep_state.by_host
+
+    @property
+    def state_unknown(self) -> str | None:
+        """Why the sleep state cannot be known, or None when it is."""
+        return self.sleep_state.unknown
+
+    def mark_unknown(self, reason: str) -> None:
+        """Record that the state cannot be known (a host's release or resume that raised)."""
+        self.sleep_state.mark_unknown(reason)
 
     def drain(self) -> None:
-        """Before a release the guard makes: let running requests finish, hold new ones
-        (SGLang's release asserts an idle server). In process there is nothing to drain."""
+        """Before a release the guard makes: hold new requests and make sure the release's idle
+        check will pass, or raise :class:`ReleaseUnsafe` with the teacher left serving. In
+        process there is nothing to drain."""
 
     def undrain(self) -> None:
         """After the wake: let held requests run again."""

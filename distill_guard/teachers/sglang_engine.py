@@ -40,6 +40,12 @@ class SGLangEngineTeacher(SGLangScoring):
     Same semantics as :class:`~distill_guard.teachers.SGLangHTTPTeacher`: prefill-only scoring
     with ``max_new_tokens=0``, tagged release and resume tracked by the guard, in-place reload with
     ``update_weights_from_disk``. Exceptions raised by the engine become :class:`TeacherError`.
+
+    In process a call that kills the scheduler kills the trainer, so nothing is sent that could:
+    no scoring, reload or flush while the tracked state is asleep or unknown, no resume of a tag
+    not known released. The Engine has no pause (``docs/sglang-contract.md`` §7.2): the guard's
+    own release is made where the trainer calls ``sleep``, which must be when none of its
+    ``generate`` calls is in flight.
     """
 
     def __init__(self, engine: Any, *, vocab_size: int | None = None) -> None:
@@ -88,18 +94,6 @@ class SGLangEngineTeacher(SGLangScoring):
             self._caps = capabilities_for(info.get("version"))
             self.sleep_state.tags_supported = self._caps.tags
 
-    def confirm_asleep(self) -> bool:
-        """Ask the engine with a two-token scoring call before a resume: in process, a resume of
-        a tag that is not released kills the scheduler and with it this process."""
-        if not self.asleep:
-            return False
-        try:
-            self._score([[0, 0]], 0, 0)
-        except TeacherError:
-            return True
-        self.sleep_state.mark_resumed(None)
-        return False
-
     def _release(self, tags: tuple[str, ...]) -> None:
         _check_result(
             self._call(
@@ -117,7 +111,10 @@ class SGLangEngineTeacher(SGLangScoring):
         )
 
     def reload_weights(self, model_path: str | None = None) -> None:
-        """``Engine.update_weights_from_disk`` in place, from ``model_path`` or the engine's own."""
+        """``Engine.update_weights_from_disk`` in place, from ``model_path`` or the engine's own;
+        only while awake (loading into released memory kills the scheduler, and with it this
+        process)."""
+        self.sleep_state.check_awake("reload the weights")
         path = model_path or self.server_info().get("model_path")
         if not path:
             raise TeacherError("reload_weights: the engine reports no model_path; pass one")
@@ -127,6 +124,7 @@ class SGLangEngineTeacher(SGLangScoring):
         )
 
     def flush_cache(self) -> None:
+        self.sleep_state.check_awake("flush the cache")
         _check_result(self._call("flush_cache", self.engine.flush_cache), "flush_cache")
 
     def server_info(self) -> dict[str, Any]:

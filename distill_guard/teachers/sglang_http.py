@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import time
@@ -15,6 +16,7 @@ from distill_guard.teachers._sglang_wire import (
     score_request,
 )
 from distill_guard.teachers.base import (
+    ReleaseUnsafe,
     ScoreResult,
     TeacherError,
     TeacherHTTPError,
@@ -23,12 +25,40 @@ from distill_guard.teachers.base import (
     read_vocab_size,
     redact,
 )
-from distill_guard.teachers.capabilities import Capabilities, capabilities_for
+from distill_guard.teachers.capabilities import (
+    Capabilities,
+    SleepPlan,
+    capabilities_for,
+    plan_sleep,
+)
+from distill_guard.teachers.sglang_versions import Pause
 
 log = logging.getLogger(__name__)
 
 RETRY_STATUSES = frozenset({502, 503, 504})
 """Answers worth another try for an idempotent read: the server is starting, or a proxy hiccuped."""
+
+
+def checksum_of(body: Any) -> str | None:
+    """The weights' checksum from a ``/weights_checker`` answer: ``per_engine_checksum`` as it is
+    (a string from 0.5.13), else (0.5.12) the per-tensor hashes of every rank
+    (``ranks[].checksums``) hashed in rank and name order."""
+    if not isinstance(body, dict):
+        return None
+    total = body.get("per_engine_checksum")
+    if isinstance(total, str) and total:
+        return total
+    ranks = body.get("ranks")
+    if not isinstance(ranks, list) or not ranks:
+        return None
+    digest = hashlib.sha256()
+    for i, rank in enumerate(ranks):
+        sums = rank.get("checksums") if isinstance(rank, dict) else None
+        if not isinstance(sums, dict) or not sums:
+            return None
+        for name in sorted(sums):
+            digest.update(f"{i}:{name}={sums[name]};".encode())
+    return digest.hexdigest()
 
 
 def error_message(resp: httpx.Response) -> tuple[str, Any]:
@@ -68,6 +98,7 @@ class SGLangHTTPTeacher(SGLangScoring):
         admin_api_key_env: str | None = "SGLANG_ADMIN_API_KEY",
         timeout_s: float = 30.0,
         admin_timeout_s: float = 600.0,
+        drain_timeout_s: float = 10.0,
         max_retries: int = 2,
         retry_backoff_s: float = 0.25,
         vocab_size: int | None = None,
@@ -84,6 +115,9 @@ class SGLangHTTPTeacher(SGLangScoring):
                 endpoints (release, resume, reload, flush) when set.
             timeout_s: overall limit of one read, retries included.
             admin_timeout_s: limit of release, resume and reload (a reload reads the checkpoint).
+            drain_timeout_s: how long a sleep waits for the server to go idle where the version's
+                release needs it (0.4.9–0.5.5, 0.5.10–0.5.20); past it the teacher is not
+                released this time (:meth:`drain`).
             max_retries: extra tries of an idempotent read.
             retry_backoff_s: first pause between tries, doubled each time.
             vocab_size: V when known; otherwise read from ``config.json`` at the server's
@@ -99,6 +133,8 @@ class SGLangHTTPTeacher(SGLangScoring):
         self.url = base
         self.timeout_s = timeout_s
         self.admin_timeout_s = admin_timeout_s
+        self.drain_timeout_s = drain_timeout_s
+        self._paused = False
         self.max_retries = max_retries
         self.retry_backoff_s = retry_backoff_s
         if tags_supported is not None:
@@ -253,34 +289,88 @@ class SGLangHTTPTeacher(SGLangScoring):
         if self._tags_supported is None:
             self.sleep_state.tags_supported = self.capabilities.tags
 
-    def confirm_asleep(self) -> bool:
-        """Ask the server: a two-token scoring call answers when it is awake. SGLang has no
-        "is asleep" query, and resuming a tag that is not released kills it."""
-        if not self.asleep:
-            return False
-        body = score_request([[0, 0]], 0, 0)
-        try:
-            self._request("POST", "/generate", json=body, timeout_s=min(self.timeout_s, 5.0))
-        except TeacherHTTPError:
-            return True
-        except TeacherUnreachable as e:  # paused, or gone: cannot tell, so do not resume
-            raise TeacherUnreachable(
-                f"cannot tell whether {self.url} is asleep ({e}); not sending a resume that would "
-                "kill it if it is awake"
-            ) from e
-        log.warning(
-            "%s answered a scoring call while tracked as asleep: marking it awake", self.url
-        )
-        self.sleep_state.mark_resumed(None)
-        return False
-
     def drain(self) -> None:
-        """``/pause_generation`` (``retract``: running requests go back to the queue and finish
-        after ``/continue_generation``), so the release finds an idle server."""
-        self._request("POST", "/pause_generation", json={"mode": "retract"}, admin=True)
+        """Hold new requests and make sure the release's idle check will pass, per version
+        (``docs/sglang-contract.md`` §7.2), or raise :class:`ReleaseUnsafe` with the server left
+        serving. A release with a request running kills SGLang (its assert, or the request's
+        forward over released memory), and a pause that is safe on one version kills on another:
+
+        - no ``/pause_generation`` (≤ 0.4.8): never released.
+        - a ``retract`` pause, after which the release does not count what it put back in the
+          waiting queue (0.5.6–0.5.9, 0.5.21+): released at once.
+        - 0.4.9–0.5.5: the pause aborts what is in flight (as that version always does) and
+          answers before its running requests' last forward, so the release waits until the
+          scheduler is idle, seen twice in a row.
+        - 0.5.10–0.5.20: the release counts the requests a ``retract`` pause puts back in the
+          waiting queue, so the guard first lets the server go quiet (``/flush_cache?timeout=``),
+          then pauses, and releases only if nothing runs or waits; else it lets the traffic run
+          on and does not release this time.
+        """
+        caps = self.capabilities
+        plan = plan_sleep(caps)
+        if plan is SleepPlan.NEVER:
+            raise ReleaseUnsafe(
+                f"{caps.note} has no /pause_generation the guard can make safe, so nothing can "
+                "hold its traffic while it is released, and a request that runs on released "
+                "memory kills it: the guard does not release it (it stays awake; its memory is "
+                "not freed). Upgrade SGLang to 0.4.9 or later, or let the framework release it "
+                "between its own steps."
+            )
+        if plan is SleepPlan.ONLY_IF_IDLE and caps.flush_timeout:
+            self._idle(wait_s=self.drain_timeout_s)  # let in-flight requests finish first
+        body = {"mode": "retract"} if caps.pause is Pause.MODES else {}
+        self._request("POST", "/pause_generation", json=body, admin=True)
+        self._paused = True
+        if plan is SleepPlan.AT_ONCE:
+            return
+        idle = (
+            self._idle_twice(time.monotonic() + self.drain_timeout_s)
+            if plan is SleepPlan.AFTER_ABORT
+            else self._idle(wait_s=0.0)
+        )
+        if not idle:
+            self.undrain()
+            raise ReleaseUnsafe(
+                f"requests were still running or waiting after /pause_generation, and on "
+                f"{caps.note} the release asserts {caps.release_check.value} (a failed assert "
+                "kills the server): the guard did not release it this time and let its traffic "
+                "run on (nothing lost). It tries again at the next sleep."
+            )
+
+    def _idle_twice(self, deadline: float) -> bool:
+        """Idle at two checks 0.1 s apart before ``deadline``: the aborted requests' last forward
+        is done, and none that had passed the pause's gate is still on its way."""
+        seen = 0
+        while seen < 2:
+            seen = seen + 1 if self._idle(wait_s=0.0) else 0
+            if seen < 2:
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.1)
+        return True
+
+    def _idle(self, *, wait_s: float) -> bool:
+        """Whether nothing runs or waits: ``/flush_cache`` is refused (400) unless the server is
+        idle, and dropping the caches is all it does (``docs/sglang-contract.md`` §7.2).
+        ``wait_s`` > 0 waits for idle where the version takes ``?timeout=``."""
+        path = "/flush_cache"
+        if self.capabilities.flush_timeout:
+            path += f"?timeout={wait_s:g}"
+        try:
+            self._request("POST", path, admin=True, timeout_s=wait_s + self.timeout_s)
+        except TeacherHTTPError as e:
+            if e.status == 400:
+                return False
+            raise
+        return True
 
     def undrain(self) -> None:
+        """``/continue_generation``: the requests the pause held run again (a no-op when
+        nothing is paused, on every version that has it)."""
+        if self.capabilities.pause is Pause.NONE:
+            return
         self._request("POST", "/continue_generation", json={}, admin=True)
+        self._paused = False
 
     def _release(self, tags: tuple[str, ...]) -> None:
         self._request(
@@ -293,26 +383,51 @@ class SGLangHTTPTeacher(SGLangScoring):
     def reload_weights(self, model_path: str | None = None) -> None:
         """``/update_weights_from_disk`` in place, from ``model_path``, default the path the server
         serves now (``/model_info``: after an update from another path, ``/server_info`` still
-        names the launch path). The cache is flushed separately (``?timeout=``): SGLang's
-        built-in flush is refused under traffic and then reports failure although the weights
-        are in, and a blind retry would load them again."""
+        names the launch path). The built-in flush is turned off where the version takes
+        ``flush_cache`` (0.5.6+): under traffic it is refused and then reports failure although
+        the weights are in, and a blind retry would load them again. The caller flushes
+        (:meth:`flush_cache`), as the repair does, retrying only the flush."""
+        self.sleep_state.check_awake("reload the weights")
         served = self.model_info() if model_path is None else {}
         path = model_path or served.get("model_path") or self.model_path
         if not path:
             raise TeacherError("reload_weights: the server reports no model_path; pass one")
         body: dict[str, Any] = {"model_path": path}
-        if self.capabilities.server_info:  # the versions with /model_info take these
+        fields = self.capabilities.reload_fields
+        if "flush_cache" in fields:
             body["flush_cache"] = False
-            if served.get("weight_version"):
-                body["weight_version"] = served["weight_version"]
+        if "weight_version" in fields and served.get("weight_version"):
+            body["weight_version"] = served["weight_version"]
         resp = self._request("POST", "/update_weights_from_disk", json=body, admin=True)
         self._json(resp, "/update_weights_from_disk")
-        self.flush_cache()
+
+    @property
+    def reload_flushes(self) -> bool:
+        """The reload flushes the cache itself: the version takes no ``flush_cache`` field
+        (before 0.5.6), and its flush is asserted, so a reload that answered did flush."""
+        return "flush_cache" not in self.capabilities.reload_fields
 
     def flush_cache(self, timeout_s: float | None = None) -> None:
-        """``/flush_cache?timeout=S``: waits up to S for running requests (400 if still busy)."""
-        wait = self.timeout_s if timeout_s is None else timeout_s
-        self._request("POST", f"/flush_cache?timeout={wait:g}", admin=True)
+        """Drop the prefix cache. While the guard's pause holds the traffic, at once (the
+        scheduler then has nothing running, and nothing waiting the flush counts). Otherwise it
+        waits up to ``timeout_s`` (default the client's ``timeout_s``) for the running requests:
+        ``?timeout=S`` where the version takes it (0.5.10+), else asked again until idle (before,
+        a busy server answers 400 at once). Still busy at the end: :class:`TeacherHTTPError`."""
+        self.sleep_state.check_awake("flush the cache")
+        wait = 0.0 if self._paused else self.timeout_s if timeout_s is None else timeout_s
+        if self.capabilities.flush_timeout:
+            path = f"/flush_cache?timeout={wait:g}"
+            self._request("POST", path, admin=True, timeout_s=wait + self.timeout_s)
+            return
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                self._request("POST", "/flush_cache", admin=True)
+                return
+            except TeacherHTTPError as e:
+                if e.status != 400 or time.monotonic() >= deadline:
+                    raise
+            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
 
     def model_info(self) -> dict[str, Any]:
         """``/model_info`` (``/get_model_info`` before 0.5.6): what the server serves now."""
@@ -322,13 +437,15 @@ class SGLangHTTPTeacher(SGLangScoring):
 
     def checksum(self) -> str | None:
         """``/weights_checker {"action": "checksum"}``: an exact, forward-free hash of the
-        weights (SGLang 0.5.23); None where the version has none."""
+        weights (SGLang 0.5.12+); None where the version has none. It reads the weights, so it is
+        never sent to a teacher that may be released. 0.5.13+ answer ``per_engine_checksum``, a
+        string; 0.5.12 only per-tensor hashes, which are combined here in name order."""
         if not self.capabilities.checksum:
             return None
+        self.sleep_state.check_awake("read the weights checksum")
         resp = self._request("POST", "/weights_checker", json={"action": "checksum"}, admin=True)
         body = self._json(resp, "/weights_checker")
-        sums = body.get("per_engine_checksum") if isinstance(body, dict) else None
-        return "/".join(map(str, sums)) if sums else None
+        return checksum_of(body)
 
     def server_info(self) -> dict[str, Any]:
         """``/get_server_info`` (every SGLang version serves it), key-like values redacted."""
@@ -362,8 +479,10 @@ class SGLangHTTPTeacher(SGLangScoring):
     def health(self) -> bool:
         """``/health``: True on 200. Says the server answers, not that its weights are sane. It
         runs a real generation, so it is never sent to a teacher that is asleep."""
-        if self.asleep:
-            raise TeacherStateError("refusing /health while the teacher is asleep: it generates")
+        try:
+            self.sleep_state.check_awake("send /health (it generates)")
+        except TeacherStateError as e:
+            raise TeacherStateError(f"refusing /health while the teacher is asleep: {e}") from e
         try:
             return self._request("GET", "/health", idempotent=True).status_code == 200
         except TeacherError:

@@ -40,6 +40,8 @@ class FakeEngine:
                  token_ids_logprob=None, lora_path=None, custom_logit_processor=None,
                  return_hidden_states=False, stream=False, rid=None):  # fmt: skip
         self.calls.append(("generate", sampling_params))
+        if self.offload_tags:
+            raise ProcessKilled(f"a forward over released memory ({sorted(self.offload_tags)})")
         assert sampling_params["max_new_tokens"] == 0 and return_logprob
         k = top_logprobs_num or 0
         res = self.t.score(input_ids, top_k=k, logprob_start_len=logprob_start_len)
@@ -129,19 +131,30 @@ def test_engine_failures_become_teacher_errors(engine) -> None:
         t._resume(("weights",))
 
 
-def test_a_framework_waking_the_engine_behind_the_guards_back_is_never_fatal(engine) -> None:
+def test_a_teacher_the_host_released_is_never_scored_or_resumed_on_a_guess(engine) -> None:
+    from distill_guard.findings import Code
     from distill_guard.live.canary import Canary
-    from distill_guard.live.repair import repair_teacher
+    from distill_guard.live.colocate import ColocatedTeacher
 
     t = SGLangEngineTeacher(engine)
-    canary = Canary(length=16)
-    canary.fingerprint(t)
-    t.release()
-    engine.resume_memory_occupation(None)  # the framework resumed it with its own handle
-    assert t.asleep  # the tracker is stale
-    outcome = repair_teacher(t, canary, backoff_s=0)  # asks first, never resumes twice
-    assert outcome.ok and not t.asleep
-    assert [c[0] for c in engine.calls].count("resume") == 1
+    colocated = ColocatedTeacher(t, Canary(length=16))
+    colocated.sleep(0, release=lambda: engine.release_memory_occupation(None))  # the host's own
+    sent = len(engine.calls)
+    found = colocated.wake(1)  # and no resume=: asleep or woken by the host, nobody says
+    assert [f.code for f in found] == [Code.TEACHER_STATE_UNKNOWN]
+    assert "no resume=" in found[0].message
+    assert engine.calls[sent:] == []  # nothing sent: no generate, no resume
+    assert colocated.repair(1, found)[0].ok is False and engine.calls[sent:] == []
+    with pytest.raises(ProcessKilled):  # what the old "is it awake?" scoring call did here
+        engine.generate(
+            input_ids=[[0, 0]],
+            sampling_params={"max_new_tokens": 0},
+            return_logprob=True,
+            logprob_start_len=0,
+        )
+    engine.resume_memory_occupation(None)
+    t.mark_resumed()  # the host says it woke it: the guard checks it again
+    assert Code.TEACHER_STATE_UNKNOWN not in {f.code for f in colocated.wake(2)}
 
 
 def test_launch_without_sglang_says_what_to_install() -> None:

@@ -183,6 +183,8 @@ def test_success_false_with_status_200_is_an_error() -> None:
 
 def test_plain_text_error_and_fastapi_detail_are_surfaced() -> None:
     def handler(req: httpx.Request) -> httpx.Response:
+        if req.url.path == "/get_server_info":
+            return httpx.Response(200, json={"version": "0.5.23"})
         if req.url.path == "/flush_cache":
             return httpx.Response(400, text="Cache not flushed. Requests are running.")
         return httpx.Response(422, json={"detail": [{"msg": "Field required"}]})
