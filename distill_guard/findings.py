@@ -51,6 +51,7 @@ class Code:
     TEACHER_REPAIRED = "teacher.repaired"
     TEACHER_REPAIR_FAILED = "teacher.repair_failed"
     TEACHER_STATE_UNKNOWN = "teacher.state_unknown"
+    TEACHER_WEIGHTS_NOT_KEPT = "teacher.weights_not_kept"
     TEACHER_RELEASE_SKIPPED = "teacher.release_skipped"
     LOSS_JSD_CEILING = "loss.jsd_ceiling"
     LOSS_ABOVE_CEILING = "loss.above_ceiling"
@@ -88,6 +89,7 @@ TEACHER_FAULTS = frozenset(
         Code.TEACHER_FINGERPRINT_MISMATCH,
         Code.TEACHER_REFERENCE_MISMATCH,
         Code.TEACHER_REPAIR_FAILED,
+        Code.TEACHER_WEIGHTS_NOT_KEPT,
     }
 )
 """Findings that are the teacher's own evidence of a fault (its scores, its canary)."""

@@ -28,6 +28,7 @@ from typing import Any
 from distill_guard.findings import Code, Finding, Severity
 from distill_guard.live.canary import Canary, teacher_error_finding
 from distill_guard.live.incidents import IncidentTracker
+from distill_guard.live.preflight import keeps_weights
 from distill_guard.live.repair import EventSink, Reloader, RepairOutcome, repair_teacher
 from distill_guard.policy import Action, Decision
 from distill_guard.teachers.base import ReleaseUnsafe, Teacher, TeacherError
@@ -73,6 +74,7 @@ class ColocatedTeacher:
         verified it): requests sent meanwhile wait, and run once it is released."""
         self._checksum: str | None = None
         self._slept_checksum: str | None = None
+        self._keeps_weights: bool | None = None
         self._said: set[str] = set()
         self.seconds: dict[str, float] = {}
         """Wall time of the last ``release`` and ``resume`` calls (the host's, where it made them)."""
@@ -104,7 +106,7 @@ class ColocatedTeacher:
         if unknown:
             return [*findings, self._unknown(step, str(unknown))]
         try:
-            self.teacher.drain()
+            held = bool(self.teacher.drain())
         except ReleaseUnsafe as e:
             return [*findings, *self._once(step, "release_skipped", str(e))]
         except TeacherError as e:
@@ -114,7 +116,7 @@ class ColocatedTeacher:
                 )
             )
             return findings
-        self.held = True
+        self.held = held
         try:
             self._timed("release", lambda: self.teacher.release(self.tags))
         except TeacherError as e:
@@ -191,7 +193,7 @@ class ColocatedTeacher:
                 return [teacher_error_finding(e, step, during="resume")]
         findings: list[Finding] = []
         if self.held:
-            checked = self._checked_checksum(step)
+            checked = self._checked_checksum(step) or self._weights_kept(step)
             if any(f.severity is Severity.CRITICAL for f in checked):
                 return checked  # held: the repair (or the halt) decides what runs next
             findings += checked
@@ -250,10 +252,41 @@ class ColocatedTeacher:
             "and a resume of an awake teacher or a forward on a released one kills it, so the "
             "guard sends it nothing (no resume, no canary, no repair) and the run halts. Check "
             "the server (its log says whether the last release or resume ran), then resume "
-            "the run with its state said (teacher.mark_resumed() or mark_released()).",
+            "the run with its state said: teacher.mark_resumed() if it is awake, "
+            "teacher.mark_released(by_host=False) if the guard's own release went through.",
             step,
             {"why": why},
         )
+
+    def _weights_kept(self, step: int) -> list[Finding]:
+        """Before the held traffic runs on a version with no checksum: a teacher whose server
+        keeps no weights across a release (memory saver on, no CPU backup) woke without them,
+        which its configuration says for certain; it stays held for the repair."""
+        if self._slept_checksum is not None or self._released_tags_keep_weights():
+            return []
+        return [
+            Finding(
+                Code.TEACHER_WEIGHTS_NOT_KEPT,
+                Severity.CRITICAL,
+                "The teacher was released with the memory saver on and no weights CPU backup "
+                "(its server arguments say so): SGLang does not keep its parameters, so it woke "
+                "with zeroed weights. Its traffic stays held until it is reloaded and verified "
+                "(a halt leaves it paused). Relaunch it with --enable-weights-cpu-backup.",
+                step,
+                {"source": "server_info"},
+            )
+        ]
+
+    def _released_tags_keep_weights(self) -> bool:
+        """The last release kept the weights: it did not name them, or the server keeps them."""
+        if self.tags is not None and "weights" not in self.tags:
+            return True
+        if self._keeps_weights is None:
+            try:
+                self._keeps_weights = keeps_weights(self.teacher.server_info())
+            except TeacherError:
+                return True  # unknown: the canary, after the traffic, is the judge
+        return self._keeps_weights
 
     def _once(self, step: int, kind: str, message: str) -> list[Finding]:
         """A finding the run needs to hear once (a version on which the guard never releases);

@@ -59,6 +59,16 @@ def preflight_server_args(
     return findings
 
 
+def keeps_weights(args: Mapping[str, Any]) -> bool:
+    """Whether a release keeps the teacher's weights, from its server arguments: the memory
+    saver off (nothing is freed), or its weights CPU backup on and not forced off by a weight
+    cache mode (``docs/sglang-contract.md`` §2.4). SGLang does not keep them otherwise (§2.5)."""
+    if not truthy(args.get("enable_memory_saver", False)):
+        return True
+    cache_mode = str(args.get("weight_cache_mode") or "off")
+    return truthy(args.get("enable_weights_cpu_backup", False)) and cache_mode == "off"
+
+
 def _server_args_findings(args: Mapping[str, Any], step: int | None) -> list[Finding]:
     launcher = args.get("launcher", "server")
     relax = launcher == "relax"

@@ -32,7 +32,9 @@ class CycleReport:
     """Largest |Δ logprob| against the fingerprint taken just before this cycle's release."""
     top1_logprob: float | None
     """Mean top-1 logprob of the canary after the wake (−ln V when uniform)."""
-    uniform: bool
+    uniform: bool | None
+    """The canary after the wake was uniform (None: not measured, e.g. the teacher was held
+    for its repair because its checksum or its configuration said it lost its weights)."""
     lost_weights: bool
     """The canary failed after this wake."""
     findings: list[Finding] = field(default_factory=list)
@@ -205,7 +207,7 @@ def _one_cycle(colocated: ColocatedTeacher, i: int) -> CycleReport:
     findings = slept + woke
     if colocated.held or any(f.code == Code.TEACHER_UNREACHABLE for f in woke):
         # held: the checksum failed before the traffic ran; else no resume or no canary answer
-        return CycleReport(i, sleep_wake, 0.0, None, None, False, True, findings)
+        return CycleReport(i, sleep_wake, 0.0, None, None, None, True, findings)
     cmp = colocated.canary.last_comparison
     assert cmp is not None
     return CycleReport(
@@ -234,7 +236,7 @@ def format_table(report: ProbeReport) -> str:
         result = "ok" if not c.lost_weights else ", ".join(sorted({f.code for f in c.findings}))
         lines.append(
             f"{c.cycle:>5}  {c.sleep_wake_s:>12.3f}  {c.canary_s:>8.3f}  {delta:>15}  {top1:>13}  "
-            f"{'yes' if c.uniform else 'no':>7}  {result}"
+            f"{'n/a' if c.uniform is None else 'yes' if c.uniform else 'no':>7}  {result}"
         )
     return "\n".join(lines)
 

@@ -183,8 +183,8 @@ class SleepState:
             raise TeacherStateError(
                 f"refusing to {what}: whether the teacher is released cannot be known "
                 f"({self.unknown}), and SGLang cannot be asked. A resume of an awake teacher and "
-                "a forward on a released one both kill it. Check the server, then call "
-                "mark_resumed() or mark_released() to say what it is."
+                "a forward on a released one both kill it. Check the server, then say what it "
+                "is: mark_resumed(), or mark_released(by_host=False) for a release of its own."
             )
 
     def mark_unknown(self, reason: str) -> None:
@@ -320,8 +320,10 @@ class TrackedTeacher:
             self.sleep_state.mark_unknown(f"the {what} got no answer: {e}")
             raise
 
-    def mark_released(self, tags: Sequence[str] | None = None) -> None:
-        self.sleep_state.mark_released(tags)
+    def mark_released(self, tags: Sequence[str] | None = None, *, by_host: bool = True) -> None:
+        """Record a release made through another handle (``by_host``: the host resumes it too);
+        ``by_host=False`` says it was this teacher's own release, which the guard may resume."""
+        self.sleep_state.mark_released(tags, by_host=by_host)
 
     def mark_resumed(self, tags: Sequence[str] | None = None) -> None:
         self.sleep_state.mark_resumed(tags)
@@ -344,10 +346,11 @@ class TrackedTeacher:
         """Record that the state cannot be known (a host's release or resume that raised)."""
         self.sleep_state.mark_unknown(reason)
 
-    def drain(self) -> None:
+    def drain(self) -> bool:
         """Before a release the guard makes: hold new requests and make sure the release's idle
-        check will pass, or raise :class:`ReleaseUnsafe` with the teacher left serving. In
-        process there is nothing to drain."""
+        check will pass, or raise :class:`ReleaseUnsafe` with the teacher left serving. Whether
+        traffic is now held (until :meth:`undrain`); in process there is nothing to drain."""
+        return False
 
     def undrain(self) -> None:
         """After the wake: let held requests run again."""

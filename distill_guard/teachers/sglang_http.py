@@ -289,7 +289,7 @@ class SGLangHTTPTeacher(SGLangScoring):
         if self._tags_supported is None:
             self.sleep_state.tags_supported = self.capabilities.tags
 
-    def drain(self) -> None:
+    def drain(self) -> bool:
         """Hold new requests and make sure the release's idle check will pass, per version
         (``docs/sglang-contract.md`` §7.2), or raise :class:`ReleaseUnsafe` with the server left
         serving. A release with a request running kills SGLang (its assert, or the request's
@@ -322,12 +322,16 @@ class SGLangHTTPTeacher(SGLangScoring):
         self._request("POST", "/pause_generation", json=body, admin=True)
         self._paused = True
         if plan is SleepPlan.AT_ONCE:
-            return
-        idle = (
-            self._idle_twice(time.monotonic() + self.drain_timeout_s)
-            if plan is SleepPlan.AFTER_ABORT
-            else self._idle(wait_s=0.0)
-        )
+            return True
+        try:
+            idle = (
+                self._idle_twice(time.monotonic() + self.drain_timeout_s)
+                if plan is SleepPlan.AFTER_ABORT
+                else self._idle(wait_s=0.0)
+            )
+        except TeacherError:  # the idle test failed: never leave its traffic held
+            self.undrain()
+            raise
         if not idle:
             self.undrain()
             raise ReleaseUnsafe(
@@ -336,6 +340,7 @@ class SGLangHTTPTeacher(SGLangScoring):
                 "kills the server): the guard did not release it this time and let its traffic "
                 "run on (nothing lost). It tries again at the next sleep."
             )
+        return True
 
     def _idle_twice(self, deadline: float) -> bool:
         """Idle at two checks 0.1 s apart before ``deadline``: the aborted requests' last forward

@@ -24,22 +24,34 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize(
-    ("fault", "code"),
-    [("zeros", Code.TEACHER_UNIFORM), ("garbage", Code.TEACHER_FINGERPRINT_MISMATCH)],
+    ("version", "fault", "code"),
+    [
+        ("0.5.23", "zeros", Code.TEACHER_FINGERPRINT_MISMATCH),  # the checksum, traffic held
+        ("0.5.6", "garbage", Code.TEACHER_WEIGHTS_NOT_KEPT),  # no checksum: its configuration
+        ("0.4.8", "zeros", None),  # no pause route: never released, so nothing is lost
+    ],
 )
 def test_probe_finds_the_loss_repairs_and_leaves_the_teacher_scoring_correctly(
-    tiny_dir, fault, code
+    tiny_dir, version, fault, code
 ) -> None:
+    from distill_guard.live.probe import NothingReleased
+
     expected = TorchTeacher.from_pretrained(tiny_dir).score(SEQ, top_k=4)
-    with reference_teacher(tiny_dir, fault=fault) as (url, _), SGLangHTTPTeacher(url) as t:
-        report = run_probe(t, cycles=3)
-        assert not report.ok and report.repaired and report.exit_code == 1
-        assert len(report.cycles) == 1 and report.cycles[0].lost_weights  # stops at the first loss
-        assert report.cycles[0].uniform == (fault == "zeros")
-        got = [f.code for f in report.findings]
-        assert (
-            got[0] == Code.CONFIG_NO_WEIGHTS_BACKUP and code in got and Code.TEACHER_REPAIRED in got
-        )
+    with (
+        reference_teacher(tiny_dir, version=version, fault=fault) as (url, _),
+        SGLangHTTPTeacher(url) as t,
+    ):
+        if code is None:
+            with pytest.raises(NothingReleased, match="no /pause_generation"):
+                run_probe(t, cycles=3)
+        else:
+            report = run_probe(t, cycles=3)
+            assert not report.ok and report.repaired and report.exit_code == 1
+            assert len(report.cycles) == 1 and report.cycles[0].lost_weights  # stops at the loss
+            assert report.cycles[0].uniform is None  # held: no canary ran on the lost weights
+            got = [f.code for f in report.findings]
+            assert got[0] == Code.CONFIG_NO_WEIGHTS_BACKUP, got
+            assert code in got and Code.TEACHER_REPAIRED in got, got
         after = t.score(SEQ, top_k=4)  # the probe left it as it found it
         assert torch.equal(after.topk_logprobs[0], expected.topk_logprobs[0])
         assert not t.asleep
@@ -67,13 +79,20 @@ def test_releasing_only_the_kv_cache_keeps_the_weights(tiny_dir) -> None:
 
 
 def test_to_json_has_exactly_the_documented_shape(tiny_dir) -> None:
-    with reference_teacher(tiny_dir) as (url, _), SGLangHTTPTeacher(url) as t:
+    from distill_guard.live.colocate import ColocatedTeacher
+
+    with reference_teacher(tiny_dir) as (url, teacher), SGLangHTTPTeacher(url) as t:
         out = run_probe(t, cycles=1, canary=Canary(length=16, top_k=4)).to_json()
-    assert list(out) == ["ok", "repaired", "findings", "cycles"]
-    assert out["ok"] is False and out["repaired"] is True
-    assert json.loads(json.dumps(out, allow_nan=False)) == out
-    cyc = out["cycles"][0]
-    assert cyc["uniform"] is True and cyc["max_abs_delta"] > 1 and cyc["top1_logprob"] < -6
+        assert list(out) == ["ok", "repaired", "findings", "cycles"]
+        assert out["ok"] is False and out["repaired"] is True
+        assert json.loads(json.dumps(out, allow_nan=False)) == out
+        assert out["cycles"][0]["uniform"] is None  # held for its repair, unmeasured
+        # the host's own sleep (no hold): the canary measures the loss after the wake
+        colocated = ColocatedTeacher(t, Canary(length=16, top_k=4))
+        colocated.sleep(0, release=teacher.release)
+        colocated.wake(0, resume=teacher.resume)
+        cmp = colocated.canary.last_comparison
+        assert cmp.uniform and cmp.max_abs_delta > 1 and cmp.top1_logprob < -6
 
 
 def test_a_teacher_broken_before_the_probe_is_reported_not_cycled(tiny_dir) -> None:
