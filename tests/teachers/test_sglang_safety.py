@@ -12,7 +12,7 @@ import pytest
 from distill_guard.live.canary import Canary
 from distill_guard.live.colocate import ColocatedTeacher
 from distill_guard.live.probe import run_probe
-from distill_guard.teachers import SGLangHTTPTeacher, TeacherStateError
+from distill_guard.teachers import SGLangHTTPTeacher, TeacherStateError, TorchTeacher
 from distill_guard.teachers.capabilities import capabilities_for
 
 from .test_sglang_http import SEQS, assert_gone
@@ -100,20 +100,15 @@ def test_probe_drains_a_teacher_with_requests_in_flight_and_leaves_it_serving(ti
     assert httpx.get(url + "/health").status_code == 200  # alive and serving
 
 
-def test_a_stale_tracker_never_leads_to_a_fatal_resume(tiny_dir, serve) -> None:
-    from distill_guard.live.repair import repair_teacher
-
+def test_a_teacher_released_by_its_own_client_is_resumed_by_the_guard(tiny_dir, serve) -> None:
+    """A release made through the teacher object itself (a launch-time sleep) is known, so the
+    guard may resume it; only a release through another handle waits for the host's word."""
     url, teacher = serve(tiny_dir, enable_cpu_backup=True)
-    guard_side, framework = SGLangHTTPTeacher(url), SGLangHTTPTeacher(url)
-    canary = Canary(length=16)
-    canary.fingerprint(guard_side)
-    guard_side.release()
-    framework.mark_released(None)
-    framework.resume()  # the framework woke it behind the guard's back: the tracker is stale
-    assert guard_side.asleep and not teacher.asleep
-    outcome = repair_teacher(guard_side, canary, backoff_s=0)  # it asks first, never resumes
-    assert outcome.ok and not guard_side.asleep
-    assert httpx.get(url + "/health").status_code == 200  # alive: no fatal resume was sent
+    t = SGLangHTTPTeacher(url)
+    t.release()  # before the guard: its own tracker knows
+    colocated = ColocatedTeacher(t, Canary(length=16))
+    assert colocated.wake(0) == [] and not teacher.asleep
+    assert httpx.get(url + "/get_server_info").status_code == 200
 
 
 def test_a_teacher_updated_from_a_second_path_is_repaired_to_that_path(tiny_dir, tmp_path, serve):
@@ -201,18 +196,35 @@ def test_a_401_on_an_admin_endpoint_names_the_admin_key(tiny_dir, serve, monkeyp
             t.release()
 
 
-def test_the_guards_wake_checks_the_checksum_beside_the_canary(tiny_dir, serve) -> None:
+def test_the_wake_checks_the_checksum_before_the_held_traffic_runs(tiny_dir, serve) -> None:
+    """No backup on 0.5.23: the wake's checksum fails while the guard's pause still holds a
+    request sent during the sleep; it runs only after the repair verified the teacher."""
     from distill_guard.findings import Code
 
+    expected = TorchTeacher.from_pretrained(tiny_dir).score(SEQS[:1]).token_logprobs[0]
     url, _ = serve(tiny_dir, enable_cpu_backup=False)
     t = SGLangHTTPTeacher(url)
-    colocated = ColocatedTeacher(t, Canary(length=16))
+    colocated = ColocatedTeacher(t, Canary(length=16), repair_backoff_s=0)
     colocated.sleep(0)
+    held: list[httpx.Response] = []
+    worker = threading.Thread(
+        target=lambda: held.append(
+            httpx.post(
+                url + "/generate", json={**_score_body(), "logprob_start_len": 0}, timeout=30
+            )
+        )
+    )
+    worker.start()
     found = colocated.wake(0)
-    sources = {f.values.get("source") for f in found}
-    assert Code.TEACHER_UNIFORM in {f.code for f in found} and "weights_checker" in sources
+    assert [f.code for f in found] == [Code.TEACHER_FINGERPRINT_MISMATCH]
+    assert found[0].values["source"] == "weights_checker" and colocated.held
+    time.sleep(0.2)
+    assert held == []  # still held: nothing ran on the lost weights
     outcome, _ = colocated.repair(0, found)
-    assert outcome.ok
+    worker.join(30)
+    assert outcome.ok and not colocated.held
+    got = [e[0] for e in held[0].json()["meta_info"]["input_token_logprobs"][1:]]
+    assert got == pytest.approx(expected.tolist(), abs=1e-5)  # scored on the repaired weights
     healthy_url, _ = serve(tiny_dir, enable_cpu_backup=True)
     healthy = ColocatedTeacher(SGLangHTTPTeacher(healthy_url), Canary(length=16))
     for step in range(2):
