@@ -13,6 +13,7 @@ from distill_guard.cli.serve_reference import add_serve_reference
 from distill_guard.findings import Finding, Severity
 
 if TYPE_CHECKING:
+    from distill_guard.live.canary import Canary
     from distill_guard.teachers.sglang_http import SGLangHTTPTeacher
 
 SGLANG_MODULES = ("sglang.launch_server", "sglang_router.launch_server")
@@ -53,6 +54,23 @@ def add_live(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--canary-length", type=int, default=64, help="canary tokens (default 64)")
     p.add_argument("--seed", type=int, default=0, help="canary seed (default 0)")
     p.add_argument("--no-repair", action="store_true", help="report a lost teacher, do not repair")
+    p.add_argument(
+        "--conformance",
+        action="store_true",
+        help="check every assumption the guard makes of this server (version, routes, auth, "
+        "backup, each memory tag, sleep/wake, checksum, temperature on input logprobs) and print "
+        "a table for a bug report; exit 1 if one FAILs. Precondition: the teacher must be awake "
+        "when probed and nothing else may release or pause it meanwhile (SGLang cannot be asked "
+        "whether it is released, and a scoring call on a released server kills it)",
+    )
+    p.add_argument(
+        "--teacher-temperature",
+        type=float,
+        default=None,
+        metavar="T",
+        help="with --conformance: the temperature (> 0, not 1) sent to measure whether the "
+        "server applies it to input logprobs (default 2)",
+    )
 
     summary = "check a teacher's configuration (live server or launch command)"
     p = _command(sub, "preflight", cmd_preflight, summary)
@@ -150,7 +168,9 @@ def _check_launcher(command: str, launcher: str) -> None:
 
 def cmd_probe(args: argparse.Namespace) -> int:
     """Preflight, then N release/resume cycles, each verified by the canary. A cycle that loses
-    the weights is repaired (resume, reload, flush, verify) before exiting."""
+    the weights is repaired (resume, reload, flush, verify) before exiting. With --conformance,
+    every assumption the guard makes of the server instead, as a table; the teacher must be
+    awake when probed and nothing else may release or pause it meanwhile."""
     from distill_guard.live.canary import Canary
     from distill_guard.live.probe import format_report, run_probe
 
@@ -162,6 +182,10 @@ def cmd_probe(args: argparse.Namespace) -> int:
     if not args.timeout > 0:
         raise UsageError(f"--timeout must be > 0 seconds, got {args.timeout}")
     canary = Canary(top_k=args.top_k, length=args.canary_length, seed=args.seed)
+    if args.conformance:
+        return _conformance(args, canary)
+    if args.teacher_temperature is not None:
+        raise UsageError("--teacher-temperature is read only with --conformance")
     # a SIGTERM ends the probe like Ctrl-C: the probe puts the teacher back before exiting
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     with _connect(args) as teacher:
@@ -172,4 +196,39 @@ def cmd_probe(args: argparse.Namespace) -> int:
         print(json.dumps(report.to_json(), indent=2))
         return report.exit_code
     print(format_report(report, args.url, args.cycles, canary))
+    return report.exit_code
+
+
+def _conformance(args: argparse.Namespace, canary: Canary) -> int:
+    """``probe --conformance``: the table (or ``--json``), exit 1 if a row FAILs; a probe that
+    could not start is one line, exit 2, with the URL's userinfo redacted."""
+    from distill_guard.live.conformance import (
+        format_conformance,
+        run_conformance,
+        scrub,
+        url_secrets,
+    )
+    from distill_guard.live.preflight import check_teacher_temperature
+    from distill_guard.teachers.base import TeacherError
+
+    if args.tags:
+        raise UsageError("--conformance releases each memory tag itself: drop --tags")
+    if args.no_repair:
+        raise UsageError("--conformance always repairs what its cycles broke: drop --no-repair")
+    try:
+        t = check_teacher_temperature(args.teacher_temperature, name="--teacher-temperature")
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if t is not None and t == 1.0:
+        raise UsageError("--teacher-temperature must differ from 1 to measure anything")
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        with _connect(args) as teacher:
+            report = run_conformance(teacher, canary, cycles=args.cycles, temperature=t or 2.0)
+    except TeacherError as e:
+        raise TeacherError(scrub(str(e), url_secrets(args.url))) from None
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        print(format_conformance(report))
     return report.exit_code
