@@ -275,7 +275,11 @@ class SGLangHTTPTeacher(SGLangScoring):
         )
 
     def _memory_body(self, tags: tuple[str, ...]) -> dict[str, Any]:
-        return {"tags": list(tags)} if self.sleep_state.tags_supported else {}
+        """The tags the version knows (``cuda_graph`` only from 0.5.5), or no body where the
+        version takes none."""
+        if not self.sleep_state.tags_supported:
+            return {}
+        return {"tags": [t for t in tags if t in self.capabilities.memory_tags]}
 
     @property
     def capabilities(self) -> Capabilities:
