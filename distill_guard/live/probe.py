@@ -128,7 +128,7 @@ def run_probe(
     except NothingReleased:
         raise  # refused before anything was released: the teacher is as it was
     except BaseException:  # Ctrl-C, SIGTERM: never leave the teacher asleep or weightless
-        _restore(colocated, report, on_event)
+        restore(colocated, report, on_event)
         raise
     if any(c.lost_weights for c in report.cycles) or any(
         f.severity >= Severity.CRITICAL for f in report.findings
@@ -160,9 +160,10 @@ def _cycles(
         break
 
 
-def _restore(colocated: ColocatedTeacher, report: ProbeReport, on_event: EventSink | None) -> None:
-    """An interrupted probe puts the teacher back as it found it: awake, and reloaded and
-    verified if the wake lost its weights; what it could not do is logged, not raised."""
+def restore(colocated: ColocatedTeacher, report: ProbeReport, on_event: EventSink | None) -> None:
+    """An interrupted probe (``probe``, or ``probe --conformance``) puts the teacher back as it
+    found it: awake, and reloaded and verified if the wake lost its weights; what it could not do
+    is logged, not raised, and said in ``report.interrupted``."""
     step = len(report.cycles) + 1
     try:
         if colocated.asleep:

@@ -6,6 +6,7 @@ import hashlib
 import logging
 import os
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -81,6 +82,26 @@ def error_message(resp: httpx.Response) -> tuple[str, Any]:
     return str(body), body
 
 
+@dataclass(frozen=True)
+class KeySources:
+    """Where the client's keys come from, by the names of their variables: never their values,
+    so that it can be shown (``probe --conformance``) without leaking a key."""
+
+    api_key_env: str | None
+    """The variable ``--api-key`` is read from (None: none configured)."""
+    api_key_set: bool
+    """It held a key at construction, so one is sent as ``Authorization: Bearer``."""
+    admin_key_env: str | None
+    """The variable ``--admin-api-key`` is read from (None: none configured)."""
+    admin_key_set: bool
+    """It held a key; if not, the admin routes get the api key (if any)."""
+
+    @property
+    def admin_key_sent(self) -> bool:
+        """A key (the admin key, else the api key) goes with the admin routes."""
+        return self.admin_key_set or self.api_key_set
+
+
 class SGLangHTTPTeacher(SGLangScoring):
     """Scores, sleeps, wakes and reloads an SGLang server over its native HTTP API.
 
@@ -154,6 +175,8 @@ class SGLangHTTPTeacher(SGLangScoring):
         )
         self._key_env = api_key_env
         self._admin_key_env = admin_api_key_env if admin_key else None
+        self.key_sources = KeySources(api_key_env, bool(key), admin_api_key_env, bool(admin_key))
+        """Which variables the keys came from and whether each was set (never the keys)."""
         self._client = httpx.Client(base_url=self.url, transport=transport)
 
     # -- transport -------------------------------------------------------------------------
@@ -246,6 +269,46 @@ class SGLangHTTPTeacher(SGLangScoring):
         for secret in self._secrets:
             text = text.replace(secret, "<redacted>")
         return text
+
+    # -- public transport: for a caller that probes the server itself (probe --conformance) --
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        admin: bool = False,
+        allow_404: bool = False,
+        idempotent: bool = False,
+    ) -> httpx.Response:
+        """One call of a route the client has no method for, as its own calls go: its keys (the
+        admin key with ``admin``), its timeouts, retries only if ``idempotent``, and its errors
+        (:class:`TeacherUnreachable`, :class:`TeacherHTTPError` with keys scrubbed). A 404 is
+        returned, not raised, with ``allow_404``: how to ask whether a route exists. Nothing here
+        tracks the sleep state: a call that releases, resumes or reads the weights is the
+        caller's to make safe (the client's own methods do)."""
+        return self._request(
+            method, path, json=json, idempotent=idempotent, admin=admin, allow_404=allow_404
+        )
+
+    def status_without_key(self, method: str, path: str, json: Any = None) -> int:
+        """The status of one request sent with no ``Authorization`` header, once, within
+        ``timeout_s``: whether the server refuses a caller without a key. Only the status is
+        returned, so nothing a server echoes (a key) can reach an output. No answer:
+        :class:`TeacherUnreachable`, naming only the error's type."""
+        try:
+            resp = self._client.request(method, path, json=json, headers={}, timeout=self.timeout_s)
+        except httpx.TransportError as e:
+            raise TeacherUnreachable(
+                f"{path}: no answer ({type(e).__name__})", endpoint=path
+            ) from None
+        return resp.status_code
+
+    def scrub(self, text: str) -> str:
+        """``text`` with the client's keys replaced by ``<redacted>``: for anything shown that a
+        server's answer or an error may have quoted a key into."""
+        return self._scrub(text)
 
     @staticmethod
     def _json(resp: httpx.Response, path: str) -> Any:
