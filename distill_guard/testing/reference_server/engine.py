@@ -1,33 +1,41 @@
-"""The emulated SGLang engine behind the reference server: scoring, sleep and wake, weights.
+"""The emulated SGLang engine behind the reference server: scoring, pause, sleep and wake, weights.
 
 Not SGLang. It holds a :class:`~distill_guard.teachers.TorchTeacher` and answers each native
-endpoint's request as SGLang's engine would, errors included (see ``docs/sglang-contract.md``).
-The HTTP routes are in :mod:`.app`, the serving in :mod:`.serve`, the request-field checks in
-:mod:`.request_fields`, the refusals in :mod:`.errors`.
+endpoint's request as the SGLang version it is set to would, errors and deaths included: every
+per-version behaviour comes from ``capabilities_for(version)``, the rows of
+``docs/sglang-contract.md`` §7.2 (:mod:`distill_guard.teachers.sglang_versions`). The request
+lifecycle is in :mod:`.scheduler`, the ``/generate`` bodies in :mod:`.scoring`, the checksum in
+:mod:`.checksum`, the HTTP routes in :mod:`.app`, the serving in :mod:`.serve`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import threading
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-import torch
-
 from distill_guard._version import __version__
-from distill_guard.teachers._sglang_wire import build_score_item, json_safe
 from distill_guard.teachers.base import TeacherError, normalize_tags
 from distill_guard.teachers.capabilities import capabilities_for
+from distill_guard.teachers.sglang_versions import Checksum, IdleCheck, Outcome, Pause
 from distill_guard.teachers.torch_teacher import TorchTeacher
+from distill_guard.testing.reference_server import scoring
+from distill_guard.testing.reference_server.checksum import checksum_answer
 from distill_guard.testing.reference_server.errors import (
+    BodyInvalid,
     Busy,
-    ContractError,
-    SchedulerDead,
     SchedulerKilled,
+    Unhealthy,
 )
-from distill_guard.testing.reference_server.request_fields import input_batch, scoring_fields
+from distill_guard.testing.reference_server.scheduler import (
+    UNLIMITED,
+    Ending,
+    PauseMode,
+    Scheduler,
+)
+
+__all__ = ["ADMIN_PATHS", "NO_AUTH_PATHS", "ReferenceServer"]
 
 NO_AUTH_PATHS = frozenset({"/health", "/health_generate", "/ready"})
 ADMIN_PATHS = frozenset(
@@ -43,15 +51,32 @@ ADMIN_PATHS = frozenset(
 )
 """Endpoints that take only ``--admin-api-key`` when the server has one (SGLang ≥ 0.5.6)."""
 
+FLUSHED = (
+    "Cache flushed.\nPlease check backend logs for more details. (When there are running "
+    "or waiting requests, the operation will not be performed.)\n"
+)
+"""``/flush_cache``'s body: on success, and on ≤0.5.9 on refusal too (0.4.8 ``http_server.py
+:404-411``, 0.5.9 ``:710-719``)."""
+FLUSH_FAILED = "Flush cache failed.\n"
+"""An immediate refusal from 0.5.10 (``http_server.py:718-733``), with ``?timeout=``."""
+FLUSH_TIMED_OUT = "Timed out waiting for idle state."
+"""A ``?timeout=S`` that ran out (0.5.10 ``scheduler.py:2845-2887``)."""
+RELOAD_FLUSH_REFUSED = (
+    "Weights were updated, but the cache was not flushed because requests are still running "
+    "or queued. Retract or finish them, then call /flush_cache."
+)
+"""0.5.22+ (0.5.23 ``weight_updater.py:120-133``): HTTP 400, the new weights in."""
+
 
 class ReferenceServer:
     """The state behind the app: the teacher, the version it answers as, what is in flight.
 
     ``version`` picks the SGLang release whose behaviour is emulated (``docs/sglang-contract.md``
-    §7.2): whether memory tags are honoured, the default tags, ``/server_info`` and
-    ``/model_info``, the ``/weights_checker`` checksum. Where SGLang's server process dies (a
-    resume of a tag that is not released, a release while requests are in flight, a second
-    release), this one calls ``on_fatal``: in a thread it stops serving, as a command it exits.
+    §7.2). Where SGLang's server process dies (a failed release assert, a forward over released
+    memory, a resume of a tag that is not released, a second release, a reload whose flush is
+    refused before 0.5.22), this one calls ``on_fatal``: in a thread it stops serving, as a
+    command it exits. ``latency_s``: how long each ``/generate`` runs before its forward;
+    ``max_running_requests``: how many run at once (the rest wait in the queue).
     """
 
     def __init__(
@@ -63,6 +88,7 @@ class ReferenceServer:
         admin_api_key: str | None = None,
         launch_command: str = "",
         latency_s: float = 0.0,
+        max_running_requests: int = UNLIMITED,
     ) -> None:
         self.teacher = teacher
         self.version = version
@@ -70,97 +96,71 @@ class ReferenceServer:
         self.api_key = api_key
         self.admin_api_key = admin_api_key
         self.launch_command = launch_command
-        self.latency_s = latency_s
-        """Extra seconds each ``/generate`` takes (so tests can have requests in flight)."""
+        self.scheduler = Scheduler(latency_s=latency_s, max_running_requests=max_running_requests)
         self.launch_model_path = teacher.model_path
         """``/server_info``'s ``model_path``: the launch path, which never changes."""
         self.weight_version = "default"
-        self.dead_reason: str | None = None
         self.started = time.time()
         self.on_fatal: Callable[[], None] = lambda: None
         """Set by the serving layer: what happens to the process when the scheduler dies."""
-        self._state = threading.Condition()
-        self._in_flight = 0
-        self._paused = False
+
+    @property
+    def latency_s(self) -> float:
+        """Extra seconds each ``/generate`` runs (so tests can have requests in flight)."""
+        return self.scheduler.latency_s
+
+    @latency_s.setter
+    def latency_s(self, value: float) -> None:
+        self.scheduler.latency_s = value
+
+    @property
+    def dead_reason(self) -> str | None:
+        return self.scheduler.dead
 
     def check_alive(self) -> None:
-        if self.dead_reason is not None:
-            raise SchedulerDead(self.dead_reason)
+        self.scheduler.check_alive()
+
+    def fatal(self, reason: str) -> SchedulerKilled:
+        """The scheduler died: SGLang SIGQUITs its parent and kills the process tree."""
+        self.scheduler.kill(f"scheduler died: {reason}; the server process is gone")
+        self.on_fatal()
+        return SchedulerKilled(str(self.dead_reason))
+
+    def _forward_guard(self, what: str, tags: Iterable[str]) -> None:
+        """A forward, or a read or write of the weights, over released memory kills SGLang: no
+        gate reads ``offload_tags``, and the CUDA error leaves the scheduler loop
+        (``fatal_forward_released``, measured on an H200)."""
+        released = sorted(set(tags) & self.teacher.sleep_state.released)
+        if released:
+            raise self.fatal(
+                f"{what}: a forward over released memory ({released}): illegal memory access"
+            )
 
     # -- /generate ---------------------------------------------------------------------------
 
     def generate(self, body: Any) -> Any:
+        """Checked first (400s), then held, queued, run and forwarded (:mod:`.scheduler`). A
+        request a pause aborts is answered 200 with an abort ``finish_reason``."""
         self.check_alive()
-        with self._state:
-            self._state.wait_for(lambda: not self._paused or self.dead_reason is not None)
-            self.check_alive()
-            self._in_flight += 1
-        try:
-            if self.latency_s:
-                time.sleep(self.latency_s)
-            return self._generate(body)
-        finally:
-            with self._state:
-                self._in_flight -= 1
-                self._state.notify_all()
+        vocab = self.teacher.vocab_size
+        p = scoring.plan(body, vocab=vocab, context_len=self.context_len)
+        ending, items = self.scheduler.run(lambda: self._forward(p))
+        if ending is Ending.ABORTED_WAITING:
+            # the waiting-queue abort message changed in 0.5.5 (answers Q3), where the release
+            # got its assert: release_check is NOTHING on exactly 0.4.7-0.5.4
+            before = self.caps.release_check is IdleCheck.NOTHING
+            return scoring.aborted_in_waiting_queue(p, before_0_5_5=before)
+        return scoring.answer(p, items, aborted=ending is Ending.ABORTED_RUNNING)
 
-    def _generate(self, body: Any) -> Any:
-        batch, single = input_batch(body)
-        n = len(batch)
-        self._check_lengths_and_ids(batch)
-        want_lp, starts, topks = scoring_fields(body, n)
-        t0 = time.perf_counter()
-        items: list[dict[str, Any] | None] = [None] * n
-        groups: dict[tuple[int, int], list[int]] = {}
-        for i, seq in enumerate(batch):
-            start = len(seq) if (starts[i] is None or starts[i] == -1) else int(starts[i])
-            if start > len(seq):
-                raise TeacherError(
-                    f"logprob_start_len ({start}) is greater than the input length ({len(seq)})"
-                )
-            if not want_lp[i]:
-                items[i] = _strip_logprobs(build_score_item(seq, _empty(), None, None, len(seq)))
-            elif start == len(seq):
-                items[i] = build_score_item(seq, _empty(), None, None, start)
-            else:
-                groups.setdefault((start, int(topks[i])), []).append(i)
-        for (start, k), idx in groups.items():
-            res = self.teacher.score([batch[i] for i in idx], top_k=k, logprob_start_len=start)
-            for j, i in enumerate(idx):
-                items[i] = build_score_item(
-                    batch[i],
-                    res.token_logprobs[j],
-                    res.topk_logprobs[j] if res.topk_logprobs else None,
-                    res.topk_ids[j] if res.topk_ids else None,
-                    start,
-                    latency_s=time.perf_counter() - t0,
-                )
-        out = json_safe(items)
-        return out[0] if single else out
+    def _forward(self, p: scoring.Plan) -> list[dict[str, Any]]:
+        self._forward_guard("a /generate", self.teacher.sleep_state.released)
+        return scoring.forward(self.teacher, p)
 
     @property
     def context_len(self) -> int:
         """The model's ``max_position_embeddings``, as SGLang derives its context length."""
         config = getattr(self.teacher.model, "config", None)
         return int(getattr(config, "max_position_embeddings", None) or 4096)
-
-    def _check_lengths_and_ids(self, batch: list[list[int]]) -> None:
-        """SGLang refuses an input of ``context_len`` tokens or more (``_validate_one_request``,
-        a 400). An id outside the vocabulary is refused too: SGLang does not check it, and on a
-        GPU it ends in a device-side assert, so our client must never send one."""
-        vocab = self.teacher.vocab_size
-        for seq in batch:
-            if len(seq) >= self.context_len:
-                raise TeacherError(
-                    f"The input ({len(seq)} tokens) is longer than the model's context length "
-                    f"({self.context_len} tokens)."
-                )
-            bad = [t for t in seq if t < 0 or (vocab is not None and t >= vocab)]
-            if bad:
-                raise TeacherError(
-                    f"input_ids hold {len(bad)} id(s) outside the vocabulary "
-                    f"[0, {vocab}), first {bad[0]}"
-                )
 
     # -- memory ------------------------------------------------------------------------------
 
@@ -177,118 +177,162 @@ class ReferenceServer:
             raise TeacherError(f"unknown memory tags {unknown} on SGLang {self.version}")
         return tags
 
-    def fatal(self, reason: str) -> SchedulerKilled:
-        """The scheduler died: SGLang SIGQUITs its parent and kills the process tree."""
-        with self._state:
-            self.dead_reason = f"scheduler died: {reason}; the server process is gone"
-            self._state.notify_all()
-        self.on_fatal()
-        return SchedulerKilled(self.dead_reason)
-
     def release(self, body: Any) -> None:
+        """Asserts ``caps.release_check`` of the scheduler (a failed assert kills); a second
+        release of a released tag kills (torch_memory_saver ``exit(1)``)."""
         self.check_alive()
         tags = self._tags(body)
-        with self._state:
-            busy = self._in_flight
-        if busy:
-            raise self.fatal(
-                f"release_memory_occupation with {busy} request(s) in flight (SGLang asserts "
-                "is_fully_idle)"
-            )
-        again = sorted(set(tags) & self.teacher.sleep_state.released)
-        if again:
-            raise self.fatal(f"second release of {again} (torch_memory_saver exit(1)s in SGLang)")
-        self.teacher.release(tags)
+        check = self.caps.release_check
+        with self.scheduler.loop:
+            self.check_alive()
+            why = self.scheduler.refusal(check)
+            if why:
+                raise self.fatal(
+                    f"release_memory_occupation with {why} (SGLang asserts {check.value})"
+                )
+            again = sorted(set(tags) & self.teacher.sleep_state.released)
+            if again:
+                raise self.fatal(f"second release of {again} (torch_memory_saver exit(1)s)")
+            self.teacher.release(tags)
 
     def resume(self, body: Any) -> None:
+        """A resume of a tag that is not released kills (``KeyError`` in the scheduler)."""
         self.check_alive()
         tags = self._tags(body)  # untagged: every default tag, each of which must be released
-        missing = [t for t in tags if t not in self.teacher.sleep_state.released]
-        if missing:
-            raise self.fatal(f"KeyError: {missing[0]!r} (resume of a tag that is not released)")
-        self.teacher.resume(tags)
+        with self.scheduler.loop:
+            self.check_alive()
+            missing = [t for t in tags if t not in self.teacher.sleep_state.released]
+            if missing:
+                raise self.fatal(f"KeyError: {missing[0]!r} (resume of a tag that is not released)")
+            self.teacher.resume(tags)
+
+    # -- pause -------------------------------------------------------------------------------
 
     def pause_generation(self, body: Any) -> None:
-        """``/pause_generation``: new and waiting requests hold until ``/continue_generation``;
-        the server is idle once the running ones finish (they finish; none is dropped)."""
+        """``/pause_generation`` (no route while ``caps.pause`` is NONE, ≤0.4.8).
+
+        ABORT_ALL (0.4.9–0.5.5) reads no body, holds new requests, aborts what is in flight and
+        answers at once, before the running requests' last forward. MODES (0.5.6+): ``abort``
+        answers once nothing is in flight and leaves the engine unpaused; ``in_place`` freezes
+        the running requests; ``retract`` puts them back in the waiting queue, applied before
+        any later release or flush.
+        """
         self.check_alive()
-        with self._state:
-            self._paused = True
-            self._state.wait_for(lambda: self._in_flight == 0, timeout=60)
+        mode = self._pause_mode(body)
+        self.scheduler.pause(mode)
+        if mode is PauseMode.ABORT and self.caps.pause is Pause.MODES:
+            self.scheduler.wait_idle(None)
+
+    def _pause_mode(self, body: Any) -> PauseMode:
+        if self.caps.pause is not Pause.MODES:
+            return PauseMode.ABORT
+        if not isinstance(body, dict):
+            raise BodyInvalid("body: Input should be a valid dictionary")
+        raw = body.get("mode", PauseMode.ABORT.value)
+        try:
+            return PauseMode(raw)
+        except ValueError as e:
+            raise BodyInvalid(
+                f"mode: Input should be 'abort', 'retract' or 'in_place', got {raw!r}"
+            ) from e
 
     def continue_generation(self, body: Any) -> None:
+        """Held, frozen and retracted requests go on; a no-op when nothing is paused."""
         self.check_alive()
-        with self._state:
-            self._paused = False
-            self._state.notify_all()
+        self.scheduler.resume_generation()
 
-    def flush_cache(self, timeout_s: float | None) -> None:
-        """``/flush_cache``: refused (400) while requests run; ``?timeout=S`` waits for idle."""
-        self.check_alive()
-        with self._state:
-            if not self._state.wait_for(lambda: self._in_flight == 0, timeout=timeout_s or 0):
-                raise Busy("Cache not flushed: there are running or waiting requests")
-        self.teacher.flush_cache()
+    # -- flush -------------------------------------------------------------------------------
 
-    def weights_checker(self, body: Any) -> dict[str, Any]:
-        """``/weights_checker {"action": "checksum"}``: hashes of the parameters, no forward
-        pass. Non-persistent buffers (RoPE's ``inv_freq``) are not covered, as in SGLang."""
+    def flush_cache(self, timeout_s: float = 0.0) -> None:
+        """``/flush_cache``: refused (:class:`Busy`) unless ``caps.flush_check`` passes. Where
+        ``caps.flush_timeout`` (0.5.10+), ``timeout_s`` > 0 waits for fully idle, waiting
+        counted even while paused (0.5.23 ``scheduler.py:1340-1343``)."""
         self.check_alive()
-        if not isinstance(body, dict) or body.get("action") != "checksum":
-            raise ContractError("action must be 'checksum'")
-        if "weights" in self.teacher.sleep_state.released:
-            raise TeacherError("weights are released: resume before checking them")
-        per_tensor = {}
-        total = hashlib.sha256()
-        for name, p in self.teacher.model.named_parameters():
-            digest = hashlib.sha256(
-                p.detach().cpu().contiguous().view(torch.uint8).numpy()
-            ).hexdigest()
-            per_tensor[name] = digest
-            total.update(digest.encode())
-        return {
-            "success": True,
-            "checksums": per_tensor,
-            "per_engine_checksum": [total.hexdigest()],
-        }
+        with self.scheduler.loop:
+            if timeout_s > 0 and self.caps.flush_timeout:
+                if not self.scheduler.wait_idle(timeout_s):
+                    raise Busy(FLUSH_TIMED_OUT)
+            elif self.scheduler.refusal(self.caps.flush_check):
+                raise Busy(FLUSH_FAILED if self.caps.flush_timeout else FLUSHED)
+            self.teacher.flush_cache()
+
+    # -- weights -----------------------------------------------------------------------------
 
     def update_weights_from_disk(self, body: Any) -> tuple[int, dict[str, Any]]:
-        """In place, from ``model_path``; with the default ``flush_cache`` it reports failure
-        when the flush is refused by running requests, although the new weights are in."""
+        """In place, from ``model_path``. Unpaused it first waits until nothing runs or waits
+        (the writer lock; new requests are held behind it); paused on 0.5.6+ it loads at once.
+        Then its own flush, where asked (always before 0.5.6): refused, it kills
+        (``assert flush_cache_success``) until 0.5.22, which answers 400, the weights in."""
         self.check_alive()
         path = body.get("model_path") if isinstance(body, dict) else None
         if not path:
-            return 400, {
-                "success": False,
-                "message": "model_path is required",
-                "num_paused_requests": 0,
-            }
-        try:
-            self.teacher.reload_weights(str(path))
-        except TeacherError as e:
-            return 400, {
-                "success": False,
-                "message": f"Failed to update weights: {e}",
-                "num_paused_requests": 0,
-            }
-        self.teacher.model_path = str(path)
-        self.weight_version = str(body.get("weight_version") or self.weight_version)
-        if body.get("flush_cache", True):
-            with self._state:
-                busy = self._in_flight
-            if busy:
-                return 200, {
-                    "success": False,
-                    "message": "Succeeded to update model weights, but failed to flush the cache: "
-                    "there are running requests.",
-                    "num_paused_requests": 0,
-                }
-            self.teacher.flush_cache()
-        return 200, {
-            "success": True,
-            "message": "Succeeded to update model weights.",
-            "num_paused_requests": 0,
-        }
+            return 400, _reload_answer(False, "model_path is required")
+        fields = self.caps.reload_fields
+        flush = "flush_cache" not in fields or bool(body.get("flush_cache", True))
+        with self.scheduler.loop:
+            at_once = self.caps.pause is Pause.MODES and self.scheduler.hold
+            with contextlib.nullcontext() if at_once else self.scheduler.writer():
+                self._forward_guard("update_weights_from_disk", ("weights",))
+                try:
+                    self.teacher.reload_weights(str(path))
+                except TeacherError as e:
+                    return 400, _reload_answer(False, f"Failed to update weights: {e}")
+                self.teacher.model_path = str(path)
+                if flush and self.scheduler.refusal(self.caps.flush_check):
+                    if self.caps.reload_flush_refused is Outcome.KILLS:
+                        raise self.fatal(
+                            "Cache flush failed after updating weights (assert flush_cache_success)"
+                        )
+                    return 400, _reload_answer(False, RELOAD_FLUSH_REFUSED)
+                if flush:
+                    self.teacher.flush_cache()
+        message = "Succeeded to update model weights."
+        version = body.get("weight_version")
+        if "weight_version" in fields and version is not None:
+            self.weight_version = str(version)
+            message += f" Weight version updated to {version}."
+        return 200, _reload_answer(True, message)
+
+    def weights_checker(self, body: Any) -> tuple[int, dict[str, Any]]:
+        """``/weights_checker`` (0.5.6+). ``action`` is required until 0.5.13, which defaults it
+        to ``checksum``. The checksum reads the weights, no forward pass: over released weights
+        it kills. Only ``checksum`` is emulated (not ``snapshot``, ``compare``,
+        ``reset_tensors``); anything else is SGLang's 400 ``Unsupported action=...``."""
+        self.check_alive()
+        action = self._checker_action(body)
+        if action != "checksum" or not self.caps.checksum:
+            return 400, {"success": False, "message": f"Unsupported action={action!r}"}
+        with self.scheduler.loop:
+            self.check_alive()
+            self._forward_guard("a /weights_checker checksum", ("weights",))
+            return 200, checksum_answer(self.teacher.model, self.caps.checksum_shape)
+
+    def _checker_action(self, body: Any) -> Any:
+        optional = self.caps.checksum_shape is Checksum.PER_ENGINE_STRING  # 0.5.13+
+        if body is None and optional:
+            return "checksum"
+        if not isinstance(body, dict):
+            raise BodyInvalid("body: Field required")
+        if "action" not in body and not optional:
+            raise BodyInvalid("action: Field required")
+        action = body.get("action", "checksum")
+        if not isinstance(action, str):
+            raise BodyInvalid(f"action: Input should be a valid string, got {action!r}")
+        return action
+
+    # -- health and info ---------------------------------------------------------------------
+
+    def health(self) -> None:
+        """``/health``, ``/health_generate``: awake, 200 without looking at the output (zeroed
+        weights pass). Released, per ``caps.health_while_released``: KILLS_FORWARD runs the
+        1-token request over released memory; SKIPPED_503 (0.5.1–0.5.9) skips it and SGLang
+        answers 503 after its 20 s timeout, here at once."""
+        self.check_alive()
+        with self.scheduler.loop:
+            released = self.teacher.sleep_state.released
+            if released and self.caps.health_while_released is Outcome.SKIPPED_503:
+                raise Unhealthy("the health check's generation was skipped: memory is released")
+            self._forward_guard("a health check's generation", released)
 
     def server_info(self) -> dict[str, Any]:
         self.check_alive()
@@ -330,12 +374,5 @@ class ReferenceServer:
         }
 
 
-def _empty() -> torch.Tensor:
-    return torch.empty(0)
-
-
-def _strip_logprobs(item: dict[str, Any]) -> dict[str, Any]:
-    meta = item["meta_info"]
-    for key in [k for k in meta if "logprobs" in k]:
-        del meta[key]
-    return item
+def _reload_answer(success: bool, message: str) -> dict[str, Any]:
+    return {"success": success, "message": message, "num_paused_requests": 0}
