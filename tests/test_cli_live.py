@@ -139,3 +139,17 @@ def test_probe_refused_the_pause_exits_2_in_one_line_and_leaves_the_teacher_serv
         monkeypatch.delenv("SGLANG_ADMIN_API_KEY")
         with SGLangHTTPTeacher(url) as t:
             assert not t.asleep and len(t.score([list(range(9, 30))]).token_logprobs[0]) == 20
+
+
+def test_probe_of_a_version_without_a_pause_route_exits_2_in_one_line(tiny_dir, capsys) -> None:
+    """SGLang 0.4.8 has no /pause_generation: the guard's sleep cannot be made safe there, so
+    the probe releases nothing, says so in one line and exits 2; the teacher still scores."""
+    with reference_teacher(tiny_dir, version="0.4.8") as (url, teacher):
+        assert main(["probe", "--url", url, "--cycles", "2"]) == 2
+        err = capsys.readouterr().err
+        said = [line for line in err.splitlines() if line.startswith("distill-guard probe")]
+        assert len(said) == 1 and "Traceback" not in err, err
+        assert "0.4.8 has no /pause_generation" in said[0] and "left serving" in said[0], said
+        assert not teacher.asleep
+        with SGLangHTTPTeacher(url) as t:
+            assert len(t.score([list(range(9, 30))]).token_logprobs[0]) == 20

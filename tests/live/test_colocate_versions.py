@@ -165,9 +165,9 @@ def test_a_host_that_resumes_behind_the_guards_back_never_gets_a_forward_on_a_re
     with reference_teacher(tiny_dir, enable_cpu_backup=True) as (url, server_side):
         guard_side, host = SGLangHTTPTeacher(url), SGLangHTTPTeacher(url)
         colocated = ColocatedTeacher(guard_side, Canary(length=16))
+        colocated.sleep(0, release=host.release)  # the host's own handle releases it
         forwards: list[int] = []
         server_side.model.register_forward_hook(lambda *a: forwards.append(1))
-        colocated.sleep(0, release=host.release)  # the host's own handle releases it
         found = colocated.wake(0)  # and it says nothing of its resume
         assert [f.code for f in found] == [Code.TEACHER_STATE_UNKNOWN]
         assert forwards == [] and _alive(url)  # nothing sent: no forward, no resume
