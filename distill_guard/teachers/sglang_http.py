@@ -342,7 +342,13 @@ class SGLangHTTPTeacher(SGLangScoring):
         version takes none."""
         if not self.sleep_state.tags_supported:
             return {}
-        return {"tags": [t for t in tags if t in self.capabilities.memory_tags]}
+        known = [t for t in tags if t in self.capabilities.memory_tags]
+        if not known:  # an empty list would mean every tag
+            raise TeacherStateError(
+                f"none of {list(tags)} is a memory tag on {self.capabilities.note} (it knows "
+                f"{list(self.capabilities.memory_tags)}): nothing sent"
+            )
+        return {"tags": known}
 
     @property
     def capabilities(self) -> Capabilities:

@@ -225,7 +225,8 @@ FACTS: tuple[Fact, ...] = (
     ),
     Fact(
         "health_while_released",
-        "`/health`, `/health_generate` on an idle released server",
+        "`/health_generate` on an idle released server (`/health` is a plain 200 on "
+        "0.4.8–0.4.10; the reference server answers it like `/health_generate` everywhere)",
         (
             (_v("0.4.7"), Outcome.KILLS_FORWARD),
             (_v("0.5.1"), Outcome.SKIPPED_503),

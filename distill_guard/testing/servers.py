@@ -33,13 +33,17 @@ def reference_teacher(
     version: str = "0.5.23",
     api_key: str | None = None,
     latency_s: float = 0.0,
+    max_running_requests: int | None = None,
     **kw: Any,
 ) -> Iterator[tuple[str, TorchTeacher]]:
-    """A :class:`TorchTeacher` (``**kw``) served in a background thread; yields (url, teacher)."""
+    """A :class:`TorchTeacher` (``**kw``) served in a background thread; yields (url, teacher).
+    ``max_running_requests``: how many requests run at once (the rest wait; None: no limit)."""
     teacher = TorchTeacher.from_pretrained(model_dir, **kw)
-    with serve_in_thread(
-        ReferenceServer(teacher, version=version, api_key=api_key, latency_s=latency_s)
-    ) as url:
+    limits = {} if max_running_requests is None else {"max_running_requests": max_running_requests}
+    server = ReferenceServer(
+        teacher, version=version, api_key=api_key, latency_s=latency_s, **limits
+    )
+    with serve_in_thread(server) as url:
         yield url, teacher
 
 

@@ -53,6 +53,10 @@ class Traffic:
 
     url: str
     threads: int = 2
+    gap_s: float = 0.08
+    """The longest random pause between one client's requests."""
+    stagger_s: float = 0.0
+    """Client i starts i × this later (overlapping requests: never idle)."""
     answers: list[tuple[int, dict]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
@@ -62,6 +66,7 @@ class Traffic:
 
     def _run(self, seed: int) -> None:
         rng = random.Random(seed)
+        time.sleep(seed * self.stagger_s)
         while not self._stop.is_set():
             try:
                 r = httpx.post(self.url + "/generate", json=BODY, timeout=60)
@@ -69,12 +74,12 @@ class Traffic:
             except httpx.HTTPError as e:
                 self.errors.append(f"{type(e).__name__}: {e}")
                 return
-            time.sleep(rng.uniform(0.0, 0.08))
+            time.sleep(rng.uniform(0.0, self.gap_s))
 
     def __enter__(self) -> Traffic:
         for w in self._workers:
             w.start()
-        time.sleep(0.2)  # requests are in flight when the guard starts
+        time.sleep(0.2 + self.stagger_s * (self.threads - 1))  # requests in flight at the start
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -139,24 +144,24 @@ def test_a_busy_teacher_lives_through_every_guard_action_and_serves_only_verifie
 
 
 def test_a_release_that_would_kill_0_5_17_is_not_made(tiny_dir) -> None:
-    """0.5.17's release counts the requests a retract pause puts back in the queue: with a
-    request running at the pause, the guard lets it run on and does not release."""
-    with reference_teacher(tiny_dir, version="0.5.17", latency_s=1.5) as (url, _):
-        teacher = SGLangHTTPTeacher(url, drain_timeout_s=0.2)
+    """0.5.17's release counts the requests a retract pause puts back in the queue: with
+    requests running throughout (two clients, overlapping), the guard lets them run on and does
+    not release; once they stop, it releases."""
+    with reference_teacher(tiny_dir, version="0.5.17", latency_s=0.4) as (url, _):
+        teacher = SGLangHTTPTeacher(url, drain_timeout_s=0.3)
         colocated = ColocatedTeacher(teacher, Canary(length=16))
-        colocated.fingerprint(0)
-        worker = threading.Thread(
-            target=lambda: httpx.post(url + "/generate", json=BODY, timeout=30)
-        )
-        worker.start()
-        time.sleep(0.3)
-        found = colocated.sleep(0)
-        worker.join()
-        assert [f.code for f in found] == [Code.TEACHER_RELEASE_SKIPPED]
-        assert "0.5.17" in found[0].message and "not release" in found[0].message
-        assert not teacher.asleep and not colocated.held and _alive(url)
-        assert colocated.sleep(1) == [] and teacher.asleep  # idle now: released
-        assert colocated.wake(1) != [] and _alive(url)  # no backup: lost, held for the repair
+        traffic = Traffic(url, threads=2, gap_s=0.0, stagger_s=0.2)
+        with traffic:
+            found = colocated.sleep(0)
+            assert [f.code for f in found] == [Code.TEACHER_RELEASE_SKIPPED]
+            assert "0.5.17" in found[0].message and "did not release" in found[0].message
+            assert not teacher.asleep and not colocated.held and _alive(url)
+            assert colocated.sleep(1) == []  # said once; again not released
+            assert not teacher.asleep
+        assert {status for status, _ in traffic.answers} == {200} and traffic.errors == []
+        assert not any(_aborted(a) for _, a in traffic.answers)  # nothing lost
+        assert colocated.sleep(2) == [] and teacher.asleep  # idle now: released
+        assert colocated.wake(2) != [] and _alive(url)  # no backup: lost, held for the repair
 
 
 def test_a_host_that_resumes_behind_the_guards_back_never_gets_a_forward_on_a_released_teacher(

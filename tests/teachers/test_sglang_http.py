@@ -153,8 +153,10 @@ def test_sglang_error_bodies_are_surfaced(tiny_dir, serve) -> None:
     url, _ = serve(tiny_dir)
     t = SGLangHTTPTeacher(url)
     with pytest.raises(TeacherHTTPError, match="unknown memory tags") as err:  # {"error": {...}}
-        t._release(("gpu",))
+        t.request("POST", "/release_memory_occupation", json={"tags": ["gpu"]}, admin=True)
     assert err.value.status == 400
+    with pytest.raises(TeacherStateError, match="none of"):  # never an empty list (= all)
+        SGLangHTTPTeacher(serve(tiny_dir, version="0.5.3")[0])._release(("cuda_graph",))
     with pytest.raises(TeacherHTTPError, match="no \\*.safetensors") as err:  # {"success": false}
         t.reload_weights("/nonexistent/checkpoint")
     assert err.value.body["success"] is False

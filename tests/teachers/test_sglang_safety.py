@@ -160,9 +160,12 @@ def test_the_checksum_catches_a_zeroed_teacher_without_a_forward_pass(tiny_dir, 
 
 
 def test_no_checksum_where_the_version_has_none(tiny_dir, serve) -> None:
-    url, _ = serve(tiny_dir, version="0.5.6")
-    assert SGLangHTTPTeacher(url).checksum() is None
-    assert httpx.post(url + "/weights_checker", json={"action": "checksum"}).status_code == 404
+    url, _ = serve(tiny_dir, version="0.5.11")  # /weights_checker without the checksum action
+    assert SGLangHTTPTeacher(url).checksum() is None  # and nothing was sent
+    assert httpx.post(url + "/weights_checker", json={"action": "checksum"}).status_code == 400
+    old_url, _ = serve(tiny_dir, version="0.5.5")
+    assert SGLangHTTPTeacher(old_url).checksum() is None
+    assert httpx.post(old_url + "/weights_checker", json={"action": "checksum"}).status_code == 404
 
 
 def test_no_health_call_on_a_sleeping_teacher_and_keys_never_leave_server_info(tiny_dir, serve):

@@ -407,11 +407,11 @@ def test_flush_timeout(serve, version) -> None:
     s = serve(version, latency_s=LATENCY)
     request = Call(s)
     s.until(Phase.RUNNING)
-    t0 = time.monotonic()
     r = s.post("/flush_cache?timeout=5")
     if row("flush_timeout", version):
-        assert (r.status_code, r.text) == (200, FLUSHED) and time.monotonic() - t0 > 0.05
-        assert request.result() is not None and s.count(Phase.RUNNING) == 0
+        assert (r.status_code, r.text) == (200, FLUSHED)
+        assert s.count(Phase.RUNNING) == 0  # it waited for the running request to finish
+        assert request.result() is not None
         request = Call(s)
         s.until(Phase.RUNNING)
         r = s.post("/flush_cache?timeout=0.05")
@@ -420,7 +420,8 @@ def test_flush_timeout(serve, version) -> None:
         r = s.post("/flush_cache?timeout=-1")
         assert r.status_code == 400 and r.json()["code"] == 400  # FastAPI's check, as 400
     else:
-        assert (r.status_code, r.text) == (400, FLUSHED) and time.monotonic() - t0 < LATENCY
+        assert (r.status_code, r.text) == (400, FLUSHED)
+        assert request.is_alive()  # refused at once: the request it would wait for still runs
         request.result()
         assert s.post("/flush_cache?timeout=-1").status_code == 200  # not read
     assert s.alive()

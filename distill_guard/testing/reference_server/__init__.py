@@ -4,17 +4,16 @@ For offline runs and tests of everything that talks to a teacher over HTTP. Requ
 and error shapes follow ``docs/sglang-contract.md`` to the field, quirks included (entry 0 of
 ``input_token_logprobs`` is ``[null, id, null]``, ``input_top_logprobs[0]`` is ``null``,
 ``/flush_cache`` answers plain text, ``/health`` stays green with zeroed weights). It only scores
-(``max_new_tokens`` must be 0), has no tokenizer, and serves one request at a time.
+(``max_new_tokens`` must be 0) and has no tokenizer.
 
-Emulated SGLang behaviour, and where it is a choice:
-
-- A second release of a released tag kills SGLang's scheduler (torch_memory_saver ``exit(1)``).
-  Here the release answers 500 and the server stays dead: every later request gets 503.
-- Resume of a tag that is not released raises ``KeyError`` in SGLang: here 400 with that message.
-- ``/generate`` while released is unconfirmed in SGLang; here it answers 400 and scores nothing.
-- ``sampling_params.temperature`` is checked as SGLang checks it (a number, finite, >= 0) and
-  otherwise ignored: input logprobs are at T = 1 whatever it says, as in every SGLang release.
-- ``version`` picks the SGLang release emulated: tags, default tags, ``/server_info`` and ``/model_info``, the checksum.
+``version`` picks the SGLang release emulated, and everything that differs per version follows
+the version table (``docs/sglang-contract.md`` §7.2, ``distill_guard.teachers.sglang_versions``):
+the pause and its modes, what a release asserts and a flush requires, the checksum's shape, the
+reload's fields. Where SGLang's process dies (a forward over released memory, a release its
+version's assert refuses, a second release, a resume of a tag not released, a reload whose
+asserted flush is refused), this one dies: the killing request gets a 500 saying so, and then
+nothing answers. ``sampling_params.temperature`` is checked as SGLang checks it and otherwise
+ignored: input logprobs are at T = 1 whatever it says, as in every SGLang release.
 """
 
 from distill_guard.testing.reference_server.engine import ReferenceServer
