@@ -26,6 +26,7 @@ from distill_guard.cli.base import (
     EXIT_PIPE,
     EXIT_USAGE,
     SECRET_OPTION,
+    CommandFailed,
     UsageError,
     _Parser,
 )
@@ -104,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # raise again, so it goes to /dev/null
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_PIPE
-    except (UsageError, TeacherError, MissingExtra) as exc:
+    except (UsageError, CommandFailed, TeacherError, MissingExtra) as exc:
         message = str(exc)
     except ModuleNotFoundError as exc:  # an import no `needed` block covers
         top = (exc.name or "").split(".")[0]

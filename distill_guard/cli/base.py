@@ -22,6 +22,10 @@ class UsageError(GuardError):
 SECRET_OPTION = re.compile(r"(--[\w-]*(?:key|token|secret|password)[\w-]*)(=|\s+)(?!-)(\S+)")
 
 
+class CommandFailed(GuardError):
+    """The command could not run (its teacher did not answer, refused it): one line, exit 2."""
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that never echoes a key: an unknown ``--api-key VALUE`` would otherwise be
     printed back whole (and no option of ours takes a key value: keys come from the

@@ -8,7 +8,7 @@ import signal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from distill_guard.cli.base import EXIT_FOUND, EXIT_OK, UsageError, _command
+from distill_guard.cli.base import EXIT_FOUND, EXIT_OK, CommandFailed, UsageError, _command
 from distill_guard.cli.serve_reference import add_serve_reference
 from distill_guard.findings import Finding, Severity
 
@@ -226,7 +226,7 @@ def _conformance(args: argparse.Namespace, canary: Canary) -> int:
         with _connect(args) as teacher:
             report = run_conformance(teacher, canary, cycles=args.cycles, temperature=t or 2.0)
     except TeacherError as e:
-        raise TeacherError(scrub(str(e), url_secrets(args.url))) from None
+        raise CommandFailed(scrub(str(e), url_secrets(args.url))) from None
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
     else:

@@ -294,7 +294,7 @@ def _pause_modes(s: Served) -> None:
     frozen = Call(s)
     s.until(Phase.RUNNING)
     assert s.post("/pause_generation", {"mode": "in_place"}).status_code == 200
-    time.sleep(LATENCY + 0.1)
+    time.sleep(3 * LATENCY + 0.1)
     assert frozen.is_alive() and s.count(Phase.RUNNING) == 1  # no progress while frozen
     assert s.post("/continue_generation", {}).status_code == 200
     assert finish(frozen.result())["type"] == "length"
@@ -309,7 +309,8 @@ def _pause_modes(s: Served) -> None:
 @pytest.mark.parametrize("version", representatives("pause"))
 def test_pause(serve, version) -> None:
     """``/pause_generation`` per version (none until 0.4.9)."""
-    s = serve(version, latency_s=LATENCY, max_running=1)
+    # long enough that a loaded machine answers the pause before the running request ends
+    s = serve(version, latency_s=3 * LATENCY, max_running=1)
     {Pause.NONE: _pause_none, Pause.ABORT_ALL: _pause_abort_all, Pause.MODES: _pause_modes}[
         row("pause", version)
     ](s)

@@ -22,9 +22,11 @@ from distill_guard.teachers.sglang_versions import Checksum, IdleCheck, Outcome,
 from distill_guard.teachers.torch_teacher import TorchTeacher
 from distill_guard.testing.reference_server import scoring
 from distill_guard.testing.reference_server.checksum import checksum_answer
-from distill_guard.testing.reference_server.errors import (
+from distill_guard.testing.reference_server.errors import (  # the old import path of the errors
     BodyInvalid,
     Busy,
+    ContractError,
+    SchedulerDead,
     SchedulerKilled,
     Unhealthy,
 )
@@ -35,7 +37,15 @@ from distill_guard.testing.reference_server.scheduler import (
     Scheduler,
 )
 
-__all__ = ["ADMIN_PATHS", "NO_AUTH_PATHS", "ReferenceServer"]
+__all__ = [
+    "ADMIN_PATHS",
+    "NO_AUTH_PATHS",
+    "Busy",
+    "ContractError",
+    "ReferenceServer",
+    "SchedulerDead",
+    "SchedulerKilled",
+]
 
 NO_AUTH_PATHS = frozenset({"/health", "/health_generate", "/ready"})
 ADMIN_PATHS = frozenset(
