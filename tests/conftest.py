@@ -91,6 +91,13 @@ def _no_wandb_leaks(tmp_path, monkeypatch):
     wandb = sys.modules.get("wandb")
     if wandb is not None and getattr(wandb, "run", None) is not None:
         wandb.finish()
+    setup = sys.modules.get("wandb.sdk.wandb_setup")
+    if setup is not None and getattr(setup, "_singleton", None) is not None:
+        # wandb's process-wide settings are read once, when they are first made (by an init,
+        # or by anything that touches wandb.run): torn down, the next test's environment
+        # (WANDB_MODE=disabled) is read again instead of an earlier test's, which could
+        # leave a later Trainer's wandb.init asking for a login
+        wandb.teardown()
 
 
 @pytest.fixture

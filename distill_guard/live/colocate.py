@@ -31,7 +31,7 @@ from distill_guard.live.incidents import IncidentTracker
 from distill_guard.live.preflight import keeps_weights
 from distill_guard.live.repair import EventSink, Reloader, RepairOutcome, repair_teacher
 from distill_guard.policy import Action, Decision
-from distill_guard.teachers.base import ReleaseUnsafe, Teacher, TeacherError
+from distill_guard.teachers.base import ReleaseUnsafe, Teacher, TeacherError, TeacherStateError
 
 log = logging.getLogger("distill_guard")
 
@@ -231,6 +231,14 @@ class ColocatedTeacher:
         teacher stays held (nothing runs on it until it is let go)."""
         if not self.held:
             return True
+        if self.asleep or getattr(self.teacher, "state_unknown", None):
+            # its requests would run on released memory, which kills it: they stay held
+            log.error(
+                "distill_guard: the teacher's traffic stays held (/pause_generation): it is "
+                "released, or may be, and a request on released memory kills it. Resume it, "
+                "then POST /continue_generation."
+            )
+            return False
         try:
             self.teacher.undrain()
         except TeacherError as e:
@@ -346,9 +354,15 @@ class ColocatedTeacher:
     def _repair_release_hold(self) -> None:
         """The repair lets the held traffic run once the weights passed the checksum, before
         the canary (which the pause would hold too); a failure is retried by itself."""
-        if self.held:
-            self.teacher.undrain()
-            self.held = False
+        if not self.held:
+            return
+        if self.asleep or getattr(self.teacher, "state_unknown", None):
+            raise TeacherStateError(
+                "refusing /continue_generation: the teacher is released, or may be, and its "
+                "held requests would run on released memory"
+            )
+        self.teacher.undrain()  # an error here is retried by itself
+        self.held = False
 
     def _timed(self, what: str, call: Callable[[], Any]) -> None:
         t0 = time.perf_counter()

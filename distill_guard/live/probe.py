@@ -14,6 +14,7 @@ from distill_guard.live.canary import Canary
 from distill_guard.live.colocate import ColocatedTeacher
 from distill_guard.live.preflight import preflight_teacher
 from distill_guard.live.repair import EventSink
+from distill_guard.policy import Action, Decision
 from distill_guard.teachers.base import Teacher, TeacherError
 
 log = logging.getLogger("distill_guard")
@@ -169,8 +170,7 @@ def restore(colocated: ColocatedTeacher, report: ProbeReport, on_event: EventSin
         if colocated.asleep:
             lost = colocated.wake(step)
         elif colocated.held:  # interrupted between the pause and the release
-            colocated.teacher.undrain()
-            colocated.held = False
+            colocated.settle(Decision(step, Action.CONTINUE))
             lost = colocated.canary.verify(colocated.teacher, step=step)
         else:
             lost = colocated.canary.verify(colocated.teacher, step=step)

@@ -249,3 +249,37 @@ def test_every_row_of_the_guard_table_has_a_version_tested_above() -> None:
 
     every = {row(".".join(map(str, v))) for v in RELEASES_READ}
     assert {row(v) for v in ONE_PER_GUARD_ROW} == every
+
+
+def test_a_wake_whose_resume_failed_keeps_the_traffic_held(tiny_dir) -> None:
+    """The resume answered an error: the teacher is still released, so the requests the pause
+    holds must not run (a forward on released memory kills); whatever the decision, they stay
+    held until it is awake."""
+    from distill_guard.policy import Action, Decision
+    from distill_guard.teachers import TeacherHTTPError
+
+    with reference_teacher(tiny_dir, enable_cpu_backup=True) as (url, _):
+        t = SGLangHTTPTeacher(url)
+        colocated = ColocatedTeacher(t, Canary(length=16))
+        assert colocated.sleep(0) == [] and t.asleep and colocated.held
+        real = t._resume
+
+        def refused(tags: tuple[str, ...]) -> None:
+            raise TeacherHTTPError("/resume_memory_occupation", 400, "refused")
+
+        t._resume = refused  # type: ignore[method-assign]
+        found = colocated.wake(0)
+        assert [f.code for f in found] == [Code.TEACHER_UNREACHABLE] and t.asleep
+        colocated.settle(Decision(0, Action.CONTINUE))  # the run goes on: still held
+        assert colocated.held and _alive(url)
+        held: list[httpx.Response] = []
+        worker = threading.Thread(
+            target=lambda: held.append(httpx.post(url + "/generate", json=BODY, timeout=30))
+        )
+        worker.start()
+        time.sleep(0.3)
+        assert held == [] and _alive(url)  # held, not run on released memory
+        t._resume = real  # type: ignore[method-assign]
+        assert colocated.wake(1) == [] and not colocated.held  # awake: verified, then let go
+        worker.join(30)
+        assert held[0].status_code == 200 and _alive(url)
