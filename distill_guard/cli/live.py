@@ -168,7 +168,7 @@ def _check_launcher(command: str, launcher: str) -> None:
 
 def cmd_probe(args: argparse.Namespace) -> int:
     """Preflight, then N release/resume cycles, each verified by the canary. A cycle that loses
-    the weights is repaired (resume, reload, flush, verify) before exiting. With --conformance,
+    the weights is repaired (reload, flush, verify) before exiting. With --conformance,
     every assumption the guard makes of the server instead, as a table; the teacher must be
     awake when probed and nothing else may release or pause it meanwhile."""
     from distill_guard.live.canary import Canary

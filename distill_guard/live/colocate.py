@@ -339,7 +339,8 @@ class ColocatedTeacher:
                 Severity.CRITICAL,
                 "The teacher's weights checksum (/weights_checker) changed across sleep and wake: "
                 f"{before[:16]}… before, {after[:16]}… after (bound: bit-exact). Its weights are "
-                "not the ones it slept with. Rewake it (reload, verify) and relaunch it with "
+                "not the ones it slept with; traffic the guard's pause holds stays held until it "
+                "is reloaded and verified. Rewake it (reload, verify) and relaunch it with "
                 "--enable-weights-cpu-backup.",
                 step,
                 {"checksum_before": before, "checksum_after": after, "source": "weights_checker"},

@@ -105,7 +105,7 @@ def run_probe(
 
     Each cycle is the guard's own colocated step (:class:`ColocatedTeacher`: fingerprint,
     release, resume, canary). The first cycle that loses the weights ends the cycling: with
-    ``repair`` the teacher is rewoken (resume, reload, flush, verify) before returning, so a probe
+    ``repair`` the teacher is rewoken (reload, flush, verify) before returning, so a probe
     never leaves a teacher worse than it found it. A teacher that is already broken before the
     first sleep is reported and not cycled. Teacher failures raise :class:`TeacherError` only
     before the first release; after it they become findings.
@@ -259,8 +259,8 @@ def format_report(report: ProbeReport, url: str, cycles: int, canary: Canary) ->
     lines += ["findings:", *findings(rest)] if rest else []
     if any(c.lost_weights for c in report.cycles):
         lines.append(
-            "The teacher lost its weights and was repaired (resume, reload, flush) and verified "
-            "by the canary; it is as the probe found it. Fix the configuration above: it will "
+            "The teacher lost its weights and was repaired (reload, flush) and verified by the "
+            "canary; it is as the probe found it. Fix the configuration above: it will "
             "happen again at the next wake."
             if report.repaired
             else "The teacher lost its weights and was NOT repaired: reload its weights or "

@@ -1,4 +1,4 @@
-"""Rewake: bring a teacher that lost its weights back (resume, reload, flush) and verify it."""
+"""Rewake: bring a teacher that lost its weights back (resume, reload, checksum, flush) and verify it."""
 
 from __future__ import annotations
 
@@ -160,7 +160,7 @@ def repair_teacher(
             done = Finding(
                 Code.TEACHER_REPAIRED,
                 Severity.WARN,
-                f"Teacher repaired by rewake (reload, verify, flush) on attempt {attempt} of "
+                f"Teacher repaired by rewake (reload, flush, verify) on attempt {attempt} of "
                 f"{max_attempts} in {seconds:.2f} s; the canary now matches "
                 + (
                     f"its checkpoint's reference ({reference.source})."
