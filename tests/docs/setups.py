@@ -289,15 +289,15 @@ def sglang_engine(ctx: Context) -> None:
     """``sglang`` stands in as a module whose ``Engine`` has sglang.Engine's signatures over a
     TorchTeacher (sglang is not installed here; the docs say so)."""
     from distill_guard.teachers import TorchTeacher
-    from tests.teachers.test_sglang_engine import FakeEngine
+    from distill_guard.testing.engine_standin import EngineStandIn
 
     def engine(
         model_path: str,
         enable_memory_saver: bool = False,
         enable_weights_cpu_backup: bool = False,
         **server_args: Any,
-    ) -> FakeEngine:
-        return FakeEngine(
+    ) -> EngineStandIn:
+        return EngineStandIn(
             TorchTeacher.from_pretrained(
                 model_path,
                 enable_memory_saver=enable_memory_saver,
@@ -311,7 +311,7 @@ def sglang_engine(ctx: Context) -> None:
     ctx.model_dir()
 
     def check(ns: dict[str, Any]) -> None:
-        assert isinstance(ns["engine"], FakeEngine)
+        assert isinstance(ns["engine"], EngineStandIn)
         scores = ns["teacher"].score([[1, 2, 3, 4]], top_k=2)
         assert torch.isfinite(torch.as_tensor(scores.token_logprobs[0])).all()
 

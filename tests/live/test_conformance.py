@@ -29,8 +29,8 @@ from distill_guard.live.conformance import (
     url_secrets,
 )
 from distill_guard.teachers import SGLangEngineTeacher, SGLangHTTPTeacher, TorchTeacher
-from distill_guard.teachers._sglang_wire import build_score_item, score_request
-from distill_guard.teachers.base import normalize_tags
+from distill_guard.teachers._sglang_wire import score_request
+from distill_guard.testing.engine_standin import EngineStandIn
 from distill_guard.testing.reference_server import ReferenceServer, serve_in_thread
 from distill_guard.testing.servers import reference_teacher
 from distill_guard.testing.tiny import build_tiny_qwen3
@@ -278,67 +278,8 @@ def test_a_resume_with_no_answer_halts_and_nothing_more_is_sent(tiny_dir) -> Non
 # -- in process --------------------------------------------------------------------------------
 
 
-class ProcessKilled(BaseException):
-    """What a dying in-process scheduler does to its host (a BaseException: nothing catches it)."""
-
-
-class FakeEngine:
-    """sglang.Engine's surface over a TorchTeacher, as harsh as SGLang: a forward on released
-    memory, a second release or a resume of a tag not released kills the host."""
-
-    def __init__(self, teacher: TorchTeacher) -> None:
-        self.t = teacher
-        self.offload_tags: set[str] = set()
-        self.calls: list[str] = []
-
-    def generate(self, input_ids=None, sampling_params=None, return_logprob=False,
-                 logprob_start_len=None, top_logprobs_num=None, **_: Any):  # fmt: skip
-        self.calls.append("generate")
-        if self.offload_tags & {"weights"}:
-            raise ProcessKilled(f"a forward over released memory ({sorted(self.offload_tags)})")
-        k = top_logprobs_num or 0
-        res = self.t.score(input_ids, top_k=k, logprob_start_len=logprob_start_len)
-        return [
-            build_score_item(
-                ids,
-                res.token_logprobs[i],
-                res.topk_logprobs[i] if k else None,
-                res.topk_ids[i] if k else None,
-                logprob_start_len,
-            )  # fmt: skip
-            for i, ids in enumerate(input_ids)
-        ]
-
-    def release_memory_occupation(self, tags=None):
-        self.calls.append("release")
-        tags = normalize_tags(tags)
-        if set(tags) & self.offload_tags:
-            raise ProcessKilled("second release: torch_memory_saver exit(1)")
-        self.t.release(tags)
-        self.offload_tags |= set(tags)
-
-    def resume_memory_occupation(self, tags=None):
-        self.calls.append("resume")
-        for tag in normalize_tags(tags):
-            if tag not in self.offload_tags:
-                raise ProcessKilled(f"KeyError {tag!r}: SIGQUIT to the host")
-            self.offload_tags.remove(tag)
-        self.t.resume(normalize_tags(tags))
-
-    def update_weights_from_disk(self, model_path, load_format=None):
-        self.calls.append("reload")
-        self.t.reload_weights(model_path)
-        return True, "Succeeded to update model weights.", 0
-
-    def flush_cache(self):
-        self.calls.append("flush")
-
-    def get_server_info(self):
-        return {**self.t.server_info(), "version": "0.5.23"}
-
-
 def test_in_process_engine_skips_the_http_rows_and_runs_the_rest(tiny_dir) -> None:
-    engine = FakeEngine(TorchTeacher.from_pretrained(tiny_dir))
+    engine = EngineStandIn(TorchTeacher.from_pretrained(tiny_dir))
     teacher = SGLangEngineTeacher(engine)
     report = run_conformance(teacher, canary(), cycles=1)
     rows = rows_by_check(report)
@@ -351,7 +292,10 @@ def test_in_process_engine_skips_the_http_rows_and_runs_the_rest(tiny_dir) -> No
         assert rows[name].result is Result.PASS, rows[name]
     assert rows["tag weights"].observed.startswith("lost, repaired"), rows["tag weights"]
     assert rows["left as found"].result is Result.PASS and not teacher.asleep
-    assert not engine.offload_tags and engine.calls.count("reload") == 2  # weights, full cycle
+    assert (
+        not engine.offload_tags
+        and [name for name, _ in engine.calls].count("update_weights_from_disk") == 2
+    )  # weights, full cycle
     assert report.url == "in process" and report.model == tiny_dir.name
     assert not report.failed
 

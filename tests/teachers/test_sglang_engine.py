@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Any
 
 import pytest
 import torch
@@ -16,80 +15,12 @@ from distill_guard.teachers import (
     TeacherStateError,
     TorchTeacher,
 )
-from distill_guard.teachers._sglang_wire import build_score_item
-from distill_guard.teachers.base import normalize_tags
-
-
-class ProcessKilled(BaseException):
-    """What a dying in-process scheduler does to its host: SIGQUIT, then the process tree is
-    killed. A BaseException, so no ``except Exception`` in the adapter can turn it into an error."""
-
-
-class FakeEngine:
-    """sglang.Engine's surface over a TorchTeacher, as harsh as SGLang: a resume of a tag that
-    is not released, or a second release, kills the calling process (``docs/sglang-contract.md``
-    §7.1)."""
-
-    def __init__(self, teacher: TorchTeacher) -> None:
-        self.t = teacher
-        self.calls: list[tuple[str, Any]] = []
-        self.offload_tags: set[str] = set()
-
-    def generate(self, prompt=None, sampling_params=None, input_ids=None, image_data=None,
-                 return_logprob=False, logprob_start_len=None, top_logprobs_num=None,
-                 token_ids_logprob=None, lora_path=None, custom_logit_processor=None,
-                 return_hidden_states=False, stream=False, rid=None):  # fmt: skip
-        self.calls.append(("generate", sampling_params))
-        if self.offload_tags:
-            raise ProcessKilled(f"a forward over released memory ({sorted(self.offload_tags)})")
-        assert sampling_params["max_new_tokens"] == 0 and return_logprob
-        k = top_logprobs_num or 0
-        res = self.t.score(input_ids, top_k=k, logprob_start_len=logprob_start_len)
-        return [
-            build_score_item(
-                ids,
-                res.token_logprobs[i],
-                res.topk_logprobs[i] if k else None,
-                res.topk_ids[i] if k else None,
-                logprob_start_len,
-            )  # fmt: skip
-            for i, ids in enumerate(input_ids)
-        ]
-
-    def release_memory_occupation(self, tags=None):
-        self.calls.append(("release", tags))
-        tags = normalize_tags(tags)
-        if set(tags) & self.offload_tags:
-            raise ProcessKilled("second release: torch_memory_saver exit(1)")
-        self.t.release(tags)
-        self.offload_tags |= set(tags)
-
-    def resume_memory_occupation(self, tags=None):
-        self.calls.append(("resume", tags))
-        for tag in normalize_tags(tags):
-            if tag not in self.offload_tags:
-                raise ProcessKilled(f"KeyError {tag!r} in the scheduler: SIGQUIT to the host")
-            self.offload_tags.remove(tag)
-        self.t.resume(normalize_tags(tags))
-
-    def update_weights_from_disk(self, model_path, load_format=None):
-        self.calls.append(("update_weights_from_disk", model_path))
-        try:
-            self.t.reload_weights(model_path)
-        except TeacherError as e:
-            return False, str(e), 0
-        return True, "Succeeded to update model weights.", 0
-
-    def flush_cache(self):
-        self.calls.append(("flush_cache", None))
-
-    def get_server_info(self):
-        return {**self.t.server_info(), "version": "0.5.23"}
+from distill_guard.testing.engine_standin import EngineStandIn, ProcessKilled
 
 
 @pytest.fixture
-def engine(tiny_dir) -> FakeEngine:
-    return FakeEngine(TorchTeacher.from_pretrained(tiny_dir))
+def engine(tiny_dir) -> EngineStandIn:
+    return EngineStandIn(TorchTeacher.from_pretrained(tiny_dir))
 
 
 def test_scores_through_the_engine_match_the_torch_teacher(engine, tiny_dir) -> None:
