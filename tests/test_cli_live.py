@@ -153,3 +153,20 @@ def test_probe_of_a_version_without_a_pause_route_exits_2_in_one_line(tiny_dir, 
         assert not teacher.asleep
         with SGLangHTTPTeacher(url) as t:
             assert len(t.score([list(range(9, 30))]).token_logprobs[0]) == 20
+
+
+def test_the_admin_key_is_read_from_the_variable_named_on_the_command_line(
+    tiny_dir, capsys, monkeypatch
+) -> None:
+    from distill_guard.testing.reference_server import ReferenceServer, serve_in_thread
+
+    server = ReferenceServer(
+        TorchTeacher.from_pretrained(tiny_dir, enable_cpu_backup=True), admin_api_key="adm1n"
+    )
+    with serve_in_thread(server) as url:
+        monkeypatch.setenv("MY_ADMIN_KEY", "adm1n")
+        assert (
+            main(["probe", "--url", url, "--cycles", "1", "--admin-api-key-env", "MY_ADMIN_KEY"])
+            == 0
+        )
+        assert "adm1n" not in capsys.readouterr().out

@@ -35,6 +35,12 @@ def _connection_args(p: argparse.ArgumentParser) -> None:
         default="SGLANG_API_KEY",
         help="environment variable holding the server's --api-key (default SGLANG_API_KEY)",
     )
+    p.add_argument(
+        "--admin-api-key-env",
+        default="SGLANG_ADMIN_API_KEY",
+        help="environment variable holding the server's --admin-api-key, sent on the admin "
+        "routes (pause, release, resume, reload, flush, checksum; default SGLANG_ADMIN_API_KEY)",
+    )
 
 
 def add_live(sub: argparse._SubParsersAction) -> None:
@@ -97,6 +103,7 @@ def _connect(args: argparse.Namespace) -> SGLangHTTPTeacher:
     return SGLangHTTPTeacher(
         args.url,
         api_key_env=args.api_key_env,
+        admin_api_key_env=args.admin_api_key_env,
         timeout_s=args.timeout,
         admin_timeout_s=max(args.timeout * 20, args.timeout),
         max_retries=1,
