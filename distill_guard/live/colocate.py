@@ -25,7 +25,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from distill_guard.findings import Code, Finding, Severity
+from distill_guard.findings import Finding, Severity
+from distill_guard.live import colocated_findings
 from distill_guard.live.canary import Canary, teacher_error_finding
 from distill_guard.live.incidents import IncidentTracker
 from distill_guard.live.preflight import keeps_weights
@@ -253,18 +254,7 @@ class ColocatedTeacher:
         mark = getattr(self.teacher, "mark_unknown", None)
         if callable(mark):
             mark(why)
-        return Finding(
-            Code.TEACHER_STATE_UNKNOWN,
-            Severity.CRITICAL,
-            f"Whether the teacher is released cannot be known: {why}. SGLang cannot be asked, "
-            "and a resume of an awake teacher or a forward on a released one kills it, so the "
-            "guard sends it nothing (no resume, no canary, no repair) and the run halts. Check "
-            "the server (its log says whether the last release or resume ran), then resume "
-            "the run with its state said: teacher.mark_resumed() if it is awake, "
-            "teacher.mark_released(by_host=False) if the guard's own release went through.",
-            step,
-            {"why": why},
-        )
+        return colocated_findings.state_unknown(step, why)
 
     def _weights_kept(self, step: int) -> list[Finding]:
         """Before the held traffic runs on a version with no checksum: a teacher whose server
@@ -272,18 +262,7 @@ class ColocatedTeacher:
         which its configuration says for certain; it stays held for the repair."""
         if self._slept_checksum is not None or self._released_tags_keep_weights():
             return []
-        return [
-            Finding(
-                Code.TEACHER_WEIGHTS_NOT_KEPT,
-                Severity.CRITICAL,
-                "The teacher was released with the memory saver on and no weights CPU backup "
-                "(its server arguments say so): SGLang does not keep its parameters, so it woke "
-                "with zeroed weights. Its traffic stays held until it is reloaded and verified "
-                "(a halt leaves it paused). Relaunch it with --enable-weights-cpu-backup.",
-                step,
-                {"source": "server_info"},
-            )
-        ]
+        return [colocated_findings.weights_not_kept(step)]
 
     def _released_tags_keep_weights(self) -> bool:
         """The last release kept the weights: it did not name them, or the server keeps them."""
@@ -303,7 +282,7 @@ class ColocatedTeacher:
             log.info("distill_guard: step %s: %s", step, message)
             return []
         self._said.add(kind)
-        return [Finding(Code.TEACHER_RELEASE_SKIPPED, Severity.WARN, message, step, {"kind": kind})]
+        return [colocated_findings.release_skipped(step, kind, message)]
 
     def _checked_checksum(self, step: int) -> list[Finding]:
         """The checksum across the sleep, where the teacher has one; one that cannot be read is
@@ -333,19 +312,7 @@ class ColocatedTeacher:
         after = self._weights_checksum()
         if after is None or after == before:
             return []
-        return [
-            Finding(
-                Code.TEACHER_FINGERPRINT_MISMATCH,
-                Severity.CRITICAL,
-                "The teacher's weights checksum (/weights_checker) changed across sleep and wake: "
-                f"{before[:16]}… before, {after[:16]}… after (bound: bit-exact). Its weights are "
-                "not the ones it slept with; traffic the guard's pause holds stays held until it "
-                "is reloaded and verified. Rewake it (reload, verify) and relaunch it with "
-                "--enable-weights-cpu-backup.",
-                step,
-                {"checksum_before": before, "checksum_after": after, "source": "weights_checker"},
-            )
-        ]
+        return [colocated_findings.checksum_changed(step, before, after)]
 
     def _repair_checksum(self, step: int | None) -> list[Finding]:
         """The repair's exact check, while the traffic is still held: the reloaded weights
