@@ -16,9 +16,17 @@ from distill_guard.errors import GuardError, GuardRuntimeError, GuardTypeError, 
 
 PACKAGE = Path(distill_guard.__file__).parent
 
-NOT_ERRORS = {"SystemExit", "KeyboardInterrupt", "StopIteration", "NotImplementedError"}
+NOT_ERRORS = {
+    "SystemExit",
+    "KeyboardInterrupt",
+    "StopIteration",
+    "NotImplementedError",
+    "ProcessKilled",
+}
 """Raised on purpose but not errors of the caller's: exit codes, signals, the iterator protocol,
-an abstract method."""
+an abstract method, and the Engine stand-in's death of its host process
+(``testing.engine_standin.ProcessKilled``, a BaseException so that nothing can catch it as an
+error)."""
 
 
 def _module_name(path: Path) -> str:
