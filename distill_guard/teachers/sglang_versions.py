@@ -317,11 +317,3 @@ def markdown() -> str:
         cells = " · ".join(f"**{versions}**: {_cell(value)}" for versions, value in spans(fact))
         lines.append(f"| {fact.what} | {cells} | {fact.cite} |")
     return "\n".join(lines)
-
-
-if __name__ == "__main__":  # the docs' tables: python -m distill_guard.teachers.sglang_versions
-    import sys
-
-    from distill_guard.teachers.capabilities import guard_table
-
-    print(guard_table() if "--guard" in sys.argv[1:] else markdown())

@@ -13,7 +13,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 def test_the_contract_holds_the_version_table_as_the_code_has_it() -> None:
     text = (DOCS / "sglang-contract.md").read_text()
-    assert markdown() in text, "regenerate: python -m distill_guard.teachers.sglang_versions"
+    assert markdown() in text, "regenerate: python -m distill_guard.teachers.version_docs"
     for fact in FACTS:  # a row per fact, each with where it was read
         assert f"| {fact.what} |" in text and fact.cite
 
