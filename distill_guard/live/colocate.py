@@ -76,6 +76,7 @@ class ColocatedTeacher:
         self._checksum: str | None = None
         self._slept_checksum: str | None = None
         self._keeps_weights: bool | None = None
+        self._checksum_matched = False
         self._said: set[str] = set()
         self.seconds: dict[str, float] = {}
         """Wall time of the last ``release`` and ``resume`` calls (the host's, where it made them)."""
@@ -162,9 +163,9 @@ class ColocatedTeacher:
         run, then the canary.
 
         The guard resumes only a teacher released through the teacher itself; one the host
-        released with its own handle is woken by the host (``resume``), and where nobody says, the state is unknown and nothing is sent
-        (``teacher.state_unknown``: a resume of an awake teacher and a forward on a released
-        one both kill SGLang). While the guard's pause holds the traffic, the weights checksum
+        released with its own handle is woken by the host (``resume``), and where nobody says,
+        the state is unknown and nothing is sent (``teacher.state_unknown``: a resume of an
+        awake teacher and a forward on a released one both kill SGLang). While the guard's pause holds the traffic, the weights checksum
         (where the version has one) is checked first: a teacher that fails it stays held for
         the repair, so no request runs on weights nobody verified."""
         teacher = self.teacher
@@ -194,7 +195,11 @@ class ColocatedTeacher:
                 return [teacher_error_finding(e, step, during="resume")]
         findings: list[Finding] = []
         if self.held:
-            checked = self._checked_checksum(step) or self._weights_kept(step)
+            checked = self._checked_checksum(step)
+            if not self._checksum_matched and not checked:  # no answer: its configuration's
+                checked = self._weights_kept(step)
+            elif not self._checksum_matched and checked[0].severity is not Severity.CRITICAL:
+                checked += self._weights_kept(step)  # the checksum could not be read
             if any(f.severity is Severity.CRITICAL for f in checked):
                 return checked  # held: the repair (or the halt) decides what runs next
             findings += checked
@@ -257,10 +262,10 @@ class ColocatedTeacher:
         return colocated_findings.state_unknown(step, why)
 
     def _weights_kept(self, step: int) -> list[Finding]:
-        """Before the held traffic runs on a version with no checksum: a teacher whose server
+        """Before the held traffic runs, where no checksum answered: a teacher whose server
         keeps no weights across a release (memory saver on, no CPU backup) woke without them,
         which its configuration says for certain; it stays held for the repair."""
-        if self._slept_checksum is not None or self._released_tags_keep_weights():
+        if self._released_tags_keep_weights():
             return []
         return [colocated_findings.weights_not_kept(step)]
 
@@ -287,6 +292,7 @@ class ColocatedTeacher:
     def _checked_checksum(self, step: int) -> list[Finding]:
         """The checksum across the sleep, where the teacher has one; one that cannot be read is
         a finding of its own and leaves the canary to judge."""
+        self._checksum_matched = False
         try:
             return self._verify_checksum(step)
         except TeacherError as e:
@@ -307,10 +313,16 @@ class ColocatedTeacher:
         return self._compare_checksum(step, before)
 
     def _compare_checksum(self, step: int | None, before: str | None) -> list[Finding]:
+        """The checksum now against ``before``; :attr:`_checksum_matched` says whether they were
+        compared and agreed (not where either is missing or could not be read)."""
+        self._checksum_matched = False
         if before is None:
             return []
         after = self._weights_checksum()
-        if after is None or after == before:
+        if after is None:
+            return []
+        if after == before:
+            self._checksum_matched = True
             return []
         return [colocated_findings.checksum_changed(step, before, after)]
 

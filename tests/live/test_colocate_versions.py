@@ -283,3 +283,28 @@ def test_a_wake_whose_resume_failed_keeps_the_traffic_held(tiny_dir) -> None:
         assert colocated.wake(1) == [] and not colocated.held  # awake: verified, then let go
         worker.join(30)
         assert held[0].status_code == 200 and _alive(url)
+
+
+def test_a_checksum_that_cannot_be_read_after_the_wake_still_keeps_lost_weights_held(
+    tiny_dir,
+) -> None:
+    """0.5.23 without a backup, its checksum unreadable after the wake: the server's own
+    arguments still say the weights are gone, so the traffic stays held for the repair."""
+    from distill_guard.teachers import TeacherHTTPError
+
+    with reference_teacher(tiny_dir) as (url, _):
+        t = SGLangHTTPTeacher(url)
+        colocated = ColocatedTeacher(t, Canary(length=16), repair_backoff_s=0.0)
+        assert colocated.sleep(0) == [] and colocated.held
+        real = t.checksum
+
+        def unreadable() -> str | None:
+            raise TeacherHTTPError("/weights_checker", 404, "Not Found")
+
+        t.checksum = unreadable  # type: ignore[method-assign]
+        found = colocated.wake(0)
+        assert [f.code for f in found] == [Code.TEACHER_UNREACHABLE, Code.TEACHER_WEIGHTS_NOT_KEPT]
+        assert colocated.held and _alive(url)
+        t.checksum = real  # type: ignore[method-assign]
+        outcome, _ = colocated.repair(0, found)
+        assert outcome.ok and not colocated.held
