@@ -32,7 +32,13 @@ from distill_guard.live.incidents import IncidentTracker
 from distill_guard.live.preflight import keeps_weights
 from distill_guard.live.repair import EventSink, Reloader, RepairOutcome, repair_teacher
 from distill_guard.policy import Action, Decision
-from distill_guard.teachers.base import ReleaseUnsafe, Teacher, TeacherError, TeacherStateError
+from distill_guard.teachers.base import (
+    ReleaseUnsafe,
+    Teacher,
+    TeacherError,
+    TeacherStateError,
+    unknown_state,
+)
 
 log = logging.getLogger("distill_guard")
 
@@ -76,7 +82,6 @@ class ColocatedTeacher:
         self._checksum: str | None = None
         self._slept_checksum: str | None = None
         self._keeps_weights: bool | None = None
-        self._checksum_matched = False
         self._said: set[str] = set()
         self.seconds: dict[str, float] = {}
         """Wall time of the last ``release`` and ``resume`` calls (the host's, where it made them)."""
@@ -104,7 +109,7 @@ class ColocatedTeacher:
                 return [*findings, self._unknown(step, f"the host's release raised {_named(e)}")]
             self.teacher.mark_released(self.tags)
             return findings
-        unknown = getattr(self.teacher, "state_unknown", None)
+        unknown = unknown_state(self.teacher)
         if unknown:
             return [*findings, self._unknown(step, str(unknown))]
         try:
@@ -122,7 +127,7 @@ class ColocatedTeacher:
         try:
             self._timed("release", lambda: self.teacher.release(self.tags))
         except TeacherError as e:
-            if getattr(self.teacher, "state_unknown", None):  # no answer: left held, not resumed
+            if unknown_state(self.teacher):  # no answer: left held, not resumed
                 return [*findings, self._unknown(step, str(e))]
             # an error answer: not released, it stays awake and serving; memory is not freed
             findings.append(
@@ -175,8 +180,8 @@ class ColocatedTeacher:
             except Exception as e:  # noqa: BLE001 - the host's call: the state is now unknown
                 return [self._unknown(step, f"the host's resume raised {_named(e)}")]
             teacher.mark_resumed(self.tags)
-        elif getattr(teacher, "state_unknown", None):
-            return [self._unknown(step, str(teacher.state_unknown))]
+        elif unknown_state(teacher):
+            return [self._unknown(step, str(unknown_state(teacher)))]
         elif self.asleep and getattr(teacher, "released_by_host", False):
             return [
                 self._unknown(
@@ -190,23 +195,21 @@ class ColocatedTeacher:
             try:
                 self._timed("resume", lambda: teacher.resume(self.tags))
             except TeacherError as e:
-                if getattr(teacher, "state_unknown", None):
+                if unknown_state(teacher):
                     return [self._unknown(step, str(e))]
                 return [teacher_error_finding(e, step, during="resume")]
         findings: list[Finding] = []
         if self.held:
-            checked = self._checked_checksum(step)
-            if not self._checksum_matched and not checked:  # no answer: its configuration's
-                checked = self._weights_kept(step)
-            elif not self._checksum_matched and checked[0].severity is not Severity.CRITICAL:
-                checked += self._weights_kept(step)  # the checksum could not be read
+            checked, matched = self._checked_checksum(step)
+            if not matched and not any(f.severity is Severity.CRITICAL for f in checked):
+                checked += self._weights_kept(step)  # no exact answer: its configuration's
             if any(f.severity is Severity.CRITICAL for f in checked):
                 return checked  # held: the repair (or the halt) decides what runs next
             findings += checked
             if not self._release_hold(findings, step):
                 return findings
         else:
-            findings += self._checked_checksum(step)
+            findings += self._checked_checksum(step)[0]
         try:
             findings = self.canary.verify(teacher, step=step) + findings
         except TeacherError as e:
@@ -233,27 +236,34 @@ class ColocatedTeacher:
         self._release_hold([], decision.step)
 
     def _release_hold(self, findings: list[Finding], step: int | None) -> bool:
-        """``/continue_generation`` after the guard's pause; a failure is a finding, and the
-        teacher stays held (nothing runs on it until it is let go)."""
-        if not self.held:
-            return True
-        if self.asleep or getattr(self.teacher, "state_unknown", None):
-            # its requests would run on released memory, which kills it: they stay held
-            log.error(
-                "distill_guard: the teacher's traffic stays held (/pause_generation): it is "
-                "released, or may be, and a request on released memory kills it. Resume it, "
-                "then POST /continue_generation."
-            )
-            return False
+        """Let go of the guard's pause (:meth:`_let_go`); a failure is a finding (or, onto a
+        teacher that may be released, an error in the log), and the teacher stays held."""
         try:
-            self.teacher.undrain()
+            self._let_go()
+        except TeacherStateError as e:
+            log.error("distill_guard: the teacher's traffic stays held: %s", e)
+            return False
         except TeacherError as e:
             findings.append(
                 teacher_error_finding(e, step, during="continue generation", severity=Severity.WARN)
             )
             return False
-        self.held = False
         return True
+
+    def _let_go(self) -> None:
+        """``/continue_generation`` after the guard's pause, only onto an awake teacher: a
+        request on released memory kills it. The repair calls it once the weights passed their
+        checksum, before the canary (which the pause would hold too)."""
+        if not self.held:
+            return
+        if self.asleep or unknown_state(self.teacher):
+            raise TeacherStateError(
+                "refusing /continue_generation: the teacher is released, or may be, and its "
+                "held requests would run on released memory. Resume it, then POST "
+                "/continue_generation."
+            )
+        self.teacher.undrain()
+        self.held = False
 
     def _unknown(self, step: int | None, why: str) -> Finding:
         mark = getattr(self.teacher, "mark_unknown", None)
@@ -289,60 +299,38 @@ class ColocatedTeacher:
         self._said.add(kind)
         return [colocated_findings.release_skipped(step, kind, message)]
 
-    def _checked_checksum(self, step: int) -> list[Finding]:
-        """The checksum across the sleep, where the teacher has one; one that cannot be read is
-        a finding of its own and leaves the canary to judge."""
-        self._checksum_matched = False
+    def _checked_checksum(self, step: int) -> tuple[list[Finding], bool]:
+        """The checksum across the sleep, where the teacher has one, and whether it matched.
+        Beside the canary: it is exact for the parameters but skips RoPE-style buffers, which
+        the canary sees; either one failing is a changed teacher. One that cannot be read is a
+        finding of its own and leaves the canary to judge."""
+        before, self._checksum = self._checksum, None
+        self._slept_checksum = before  # the repair's reference until the next sleep
         try:
-            return self._verify_checksum(step)
+            return self._compare_checksum(step, before)
         except TeacherError as e:
-            return [
-                teacher_error_finding(e, step, during="weights checksum", severity=Severity.WARN)
-            ]
+            found = teacher_error_finding(
+                e, step, during="weights checksum", severity=Severity.WARN
+            )
+            return [found], False
 
     def _weights_checksum(self) -> str | None:
-        """SGLang 0.5.23's exact, forward-free ``/weights_checker`` checksum, where there is one."""
+        """SGLang's exact, forward-free ``/weights_checker`` checksum, where there is one."""
         checksum = getattr(self.teacher, "checksum", None)
         return checksum() if callable(checksum) else None
 
-    def _verify_checksum(self, step: int) -> list[Finding]:
-        """Beside the canary: the checksum is exact for the parameters but skips RoPE-style
-        buffers, which the canary sees; either one failing is a changed teacher."""
-        before, self._checksum = self._checksum, None
-        self._slept_checksum = before  # the repair's reference until the next sleep
-        return self._compare_checksum(step, before)
-
-    def _compare_checksum(self, step: int | None, before: str | None) -> list[Finding]:
-        """The checksum now against ``before``; :attr:`_checksum_matched` says whether they were
-        compared and agreed (not where either is missing or could not be read)."""
-        self._checksum_matched = False
-        if before is None:
-            return []
-        after = self._weights_checksum()
-        if after is None:
-            return []
-        if after == before:
-            self._checksum_matched = True
-            return []
-        return [colocated_findings.checksum_changed(step, before, after)]
+    def _compare_checksum(self, step: int | None, before: str | None) -> tuple[list[Finding], bool]:
+        """The checksum now against ``before``: a finding if it changed, and whether the two
+        were compared and agreed (not where either is missing)."""
+        after = self._weights_checksum() if before is not None else None
+        if after is None or after == before:
+            return [], after is not None
+        return [colocated_findings.checksum_changed(step, before, after)], False
 
     def _repair_checksum(self, step: int | None) -> list[Finding]:
         """The repair's exact check, while the traffic is still held: the reloaded weights
         against the checksum they had before the sleep (where there is one)."""
-        return self._compare_checksum(step, self._slept_checksum)
-
-    def _repair_release_hold(self) -> None:
-        """The repair lets the held traffic run once the weights passed the checksum, before
-        the canary (which the pause would hold too); a failure is retried by itself."""
-        if not self.held:
-            return
-        if self.asleep or getattr(self.teacher, "state_unknown", None):
-            raise TeacherStateError(
-                "refusing /continue_generation: the teacher is released, or may be, and its "
-                "held requests would run on released memory"
-            )
-        self.teacher.undrain()  # an error here is retried by itself
-        self.held = False
+        return self._compare_checksum(step, self._slept_checksum)[0]
 
     def _timed(self, what: str, call: Callable[[], Any]) -> None:
         t0 = time.perf_counter()
@@ -364,7 +352,7 @@ class ColocatedTeacher:
             step=step,
             on_event=on_event,
             checksum=self._repair_checksum,
-            release_hold=self._repair_release_hold if self.held else None,
+            release_hold=self._let_go if self.held else None,
         )
         return outcome, self.incidents.on_repair(outcome, step=step, cause=cause)
 

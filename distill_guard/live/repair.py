@@ -87,38 +87,39 @@ def repair_teacher(
     emit = on_event or _noop
     reference = getattr(canary, "reference", None)
 
+    attempt = 0  # the closures below read the attempt under way
+
     def resume() -> None:
         if teacher.asleep:
             teacher.resume()
+            emit("repair.resume", {"attempt": attempt})
 
     def reload() -> None:
         if reloader is not None:
             reloader(teacher)
         else:
             teacher.reload_weights()
+        emit("repair.reload", {"attempt": attempt, "custom_reloader": reloader is not None})
+
+    def flush() -> None:
+        if not getattr(teacher, "reload_flushes", False):  # else the reload flushed
+            teacher.flush_cache()
+        emit("repair.flush", {"attempt": attempt})
 
     def check(found: list[Finding]) -> None:
         if found:
             raise _Unverified(found)
 
-    def flush() -> None:
-        if not getattr(teacher, "reload_flushes", False):  # else the reload flushed
-            teacher.flush_cache()
-
-    # held (the guard's pause is on): flushed at once before the traffic runs; else the flush
-    # waits for the running requests
+    # held (the guard's pause is on): flushed at once, then the traffic runs, then the canary
     stages: list[tuple[str, Callable[[], None]]] = [
         ("resume", resume),
         ("reload", reload),
         ("checksum", lambda: check(checksum(step) if checksum is not None else [])),
-        *(
-            [("flush", flush), ("continue", release_hold)]
-            if release_hold is not None
-            else [("flush", flush)]
-        ),
-        ("verify", lambda: check(canary.verify(teacher, step=step, repair=True))),
+        ("flush", flush),
     ]
-    events = {"resume": "repair.resume", "reload": "repair.reload", "flush": "repair.flush"}
+    if release_hold is not None:
+        stages.append(("continue", release_hold))
+    stages.append(("verify", lambda: check(canary.verify(teacher, step=step, repair=True))))
     t0 = time.perf_counter()
     last: list[Finding] = []
     first = 0
@@ -129,13 +130,7 @@ def repair_teacher(
         try:
             for index in range(first, len(stages)):
                 stage, run = stages[index]
-                was_asleep = teacher.asleep
                 run()
-                if stage in events and (stage != "resume" or was_asleep):
-                    payload: dict[str, Any] = {"attempt": attempt}
-                    if stage == "reload":
-                        payload["custom_reloader"] = reloader is not None
-                    emit(events[stage], payload)
         except _Unverified as failed:
             last = failed.findings
             emit(

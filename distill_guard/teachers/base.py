@@ -250,6 +250,12 @@ class SleepState:
             self.by_host = False
 
 
+def unknown_state(teacher: object) -> str | None:
+    """Why ``teacher``'s sleep state cannot be known, or None (a teacher that does not track it
+    is known by its ``asleep``)."""
+    return getattr(teacher, "state_unknown", None)
+
+
 def check_score_args(
     sequences: Sequence[Sequence[int]], top_k: int, logprob_start_len: int
 ) -> None:

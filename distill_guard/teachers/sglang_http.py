@@ -1,8 +1,8 @@
 """A teacher behind SGLang's native HTTP API (``/generate``, ``/release_memory_occupation``, ...).
 
-Its HTTP side (keys, retries, deadlines, errors) is :mod:`.sglang_transport`; the per-version
-traffic control (drain, undrain, flush, checksum) is :mod:`.sglang_traffic`. Their public names
-are importable from here as before.
+Its HTTP side (keys, retries, deadlines, errors) is :mod:`.sglang_transport`, a base of the
+client; the per-version traffic control (drain, undrain, flush, checksum) is
+:mod:`.sglang_traffic`. Their public names are importable from here as before.
 """
 
 from __future__ import annotations
@@ -46,20 +46,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-class _OnTransport:
-    """An attribute the transport holds, read and set through the teacher as before the split."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __get__(self, obj: Any, owner: type | None = None) -> Any:
-        return self if obj is None else getattr(obj._http, self.name)
-
-    def __set__(self, obj: Any, value: Any) -> None:
-        setattr(obj._http, self.name, value)
-
-
-class SGLangHTTPTeacher(SGLangTraffic, SGLangScoring):
+class SGLangHTTPTeacher(SGLangTraffic, SGLangScoring, SGLangTransport):
     """Scores, sleeps, wakes and reloads an SGLang server over its native HTTP API.
 
     Only idempotent reads (``/generate`` with ``max_new_tokens: 0``, ``/server_info``) are retried,
@@ -104,8 +91,9 @@ class SGLangHTTPTeacher(SGLangTraffic, SGLangScoring):
                 0.4.8 and later honour memory tags; an unknown version is treated as ignoring
                 them, so every release and resume acts on all of them.
         """
-        super().__init__()
-        self._http = SGLangTransport(
+        SGLangScoring.__init__(self)
+        SGLangTransport.__init__(
+            self,
             url,
             api_key_env=api_key_env,
             admin_api_key_env=admin_api_key_env,
@@ -123,65 +111,6 @@ class SGLangHTTPTeacher(SGLangTraffic, SGLangScoring):
         self._vocab_size = vocab_size
         self._caps: Capabilities | None = None
         self._model_path: str | None = None
-
-    url = _OnTransport()
-    timeout_s = _OnTransport()
-    admin_timeout_s = _OnTransport()
-    max_retries = _OnTransport()
-    retry_backoff_s = _OnTransport()
-    key_sources = _OnTransport()
-    """Which variables the keys came from and whether each was set (never the keys)."""
-
-    # -- transport: SGLangTransport's ----------------------------------------------------------
-
-    def _request(
-        self,
-        method: str,
-        path: str,
-        *,
-        json: Any = None,
-        idempotent: bool = False,
-        admin: bool = False,
-        allow_404: bool = False,
-        timeout_s: float | None = None,
-    ) -> httpx.Response:
-        return self._http._request(
-            method,
-            path,
-            json=json,
-            idempotent=idempotent,
-            admin=admin,
-            allow_404=allow_404,
-            timeout_s=timeout_s,
-        )
-
-    def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        json: Any = None,
-        admin: bool = False,
-        allow_404: bool = False,
-        idempotent: bool = False,
-    ) -> httpx.Response:
-        """One call of a route the client has no method for, as its own calls go (keys, timeouts,
-        retries only if ``idempotent``, errors; a 404 returned with ``allow_404``):
-        :meth:`SGLangTransport.request`. Nothing here tracks the sleep state: a call that
-        releases, resumes or reads the weights is the caller's to make safe (the client's own
-        methods do)."""
-        return self._request(
-            method, path, json=json, idempotent=idempotent, admin=admin, allow_404=allow_404
-        )
-
-    def status_without_key(self, method: str, path: str, json: Any = None) -> int:
-        """The status of one request sent with no key, once: whether the server refuses a caller
-        without one (:meth:`SGLangTransport.status_without_key`)."""
-        return self._http.status_without_key(method, path, json)
-
-    def scrub(self, text: str) -> str:
-        """``text`` with the client's keys replaced by ``<redacted>``."""
-        return self._http.scrub(text)
 
     # -- the Teacher protocol --------------------------------------------------------------
 
@@ -295,15 +224,3 @@ class SGLangHTTPTeacher(SGLangTraffic, SGLangScoring):
             return self._request("GET", "/health", idempotent=True).status_code == 200
         except TeacherError:
             return False
-
-    def close(self) -> None:
-        self._http.close()
-
-    def __enter__(self) -> SGLangHTTPTeacher:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"SGLangHTTPTeacher({self.url!r})"

@@ -129,16 +129,23 @@ class SGLangTraffic(TrackedTeacher):
         """Whether nothing runs or waits: ``/flush_cache`` is refused (400) unless the server is
         idle, and dropping the caches is all it does (``docs/sglang-contract.md`` §7.2).
         ``wait_s`` > 0 waits for idle where the version takes ``?timeout=``."""
-        path = "/flush_cache"
-        if self.capabilities.flush_timeout:
-            path += f"?timeout={wait_s:g}"
         try:
-            self._request("POST", path, admin=True, timeout_s=wait_s + self.timeout_s)
+            self._flush(wait_s)
         except TeacherHTTPError as e:
             if e.status == 400:
                 return False
             raise
         return True
+
+    def _flush(self, wait_s: float) -> None:
+        """One ``/flush_cache``, waiting up to ``wait_s`` for idle where the version takes
+        ``?timeout=`` (0.5.10+; before, the parameter is ignored, so it is not sent)."""
+        path = (
+            f"/flush_cache?timeout={wait_s:g}"
+            if self.capabilities.flush_timeout
+            else "/flush_cache"
+        )
+        self._request("POST", path, admin=True, timeout_s=wait_s + self.timeout_s)
 
     def undrain(self) -> None:
         """``/continue_generation``: the requests the pause held run again (a no-op when
@@ -163,13 +170,12 @@ class SGLangTraffic(TrackedTeacher):
         self.sleep_state.check_awake("flush the cache")
         wait = 0.0 if self._paused else self.timeout_s if timeout_s is None else timeout_s
         if self.capabilities.flush_timeout:
-            path = f"/flush_cache?timeout={wait:g}"
-            self._request("POST", path, admin=True, timeout_s=wait + self.timeout_s)
+            self._flush(wait)
             return
         deadline = time.monotonic() + wait
         while True:
             try:
-                self._request("POST", "/flush_cache", admin=True)
+                self._flush(0.0)
                 return
             except TeacherHTTPError as e:
                 if e.status != 400 or time.monotonic() >= deadline:

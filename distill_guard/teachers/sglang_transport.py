@@ -9,11 +9,13 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
 from distill_guard.teachers.base import TeacherError, TeacherHTTPError, TeacherUnreachable
+
+_T = TypeVar("_T", bound="SGLangTransport")
 
 RETRY_STATUSES = frozenset({502, 503, 504})
 """Answers worth another try for an idempotent read: the server is starting, or a proxy hiccuped."""
@@ -247,11 +249,11 @@ class SGLangTransport:
     def close(self) -> None:
         self._client.close()
 
-    def __enter__(self) -> SGLangTransport:
+    def __enter__(self: _T) -> _T:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:
-        return f"SGLangTransport({self.url!r})"
+        return f"{type(self).__name__}({self.url!r})"

@@ -56,7 +56,7 @@ from distill_guard.live.conformance.server_checks import (
 from distill_guard.live.conformance.state import Run
 from distill_guard.live.preflight import preflight_teacher
 from distill_guard.live.probe import ProbeReport, restore
-from distill_guard.teachers.base import Teacher, TeacherError, TeacherStateError
+from distill_guard.teachers.base import Teacher, TeacherError, TeacherStateError, unknown_state
 from distill_guard.teachers.capabilities import capabilities_for
 from distill_guard.teachers.sglang_http import SGLangHTTPTeacher
 
@@ -102,7 +102,7 @@ CHECKS: tuple[Callable[[Run], list[ConformanceRow]], ...] = (
 def _start(teacher: Teacher, canary: Canary, cycles: int, temperature: float) -> Run:
     """What the teacher is before anything is released; a failure here raises
     (:class:`TeacherError`: nothing was touched)."""
-    if teacher.asleep or getattr(teacher, "state_unknown", None):
+    if teacher.asleep or unknown_state(teacher):
         raise TeacherStateError(
             f"the conformance probe needs a teacher known awake: {PRECONDITION}"
         )

@@ -10,7 +10,7 @@ from distill_guard.findings import Code, Finding, Severity
 from distill_guard.live.colocate import ColocatedTeacher
 from distill_guard.live.conformance.report import ConformanceRow, Result
 from distill_guard.live.conformance.state import Cycle, Run, codes
-from distill_guard.teachers.base import TeacherError
+from distill_guard.teachers.base import TeacherError, unknown_state
 from distill_guard.teachers.capabilities import SleepPlan, plan_sleep
 
 
@@ -79,7 +79,7 @@ def run_repair(run: Run, colocated: ColocatedTeacher, out: Cycle, cause: list[Fi
 
 def halt_if_unknown(run: Run, out: Cycle) -> bool:
     """The sleep state cannot be known any more: nothing more is sent to the teacher."""
-    unknown = getattr(run.teacher, "state_unknown", None)
+    unknown = unknown_state(run.teacher)
     if unknown:
         run.halted = str(unknown)
         out.failed = out.failed or f"the sleep state is unknown: {unknown}"

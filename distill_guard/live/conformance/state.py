@@ -11,7 +11,7 @@ from distill_guard.findings import Code, Finding
 from distill_guard.live.canary import Canary
 from distill_guard.live.colocate import ColocatedTeacher
 from distill_guard.live.conformance.report import Result
-from distill_guard.teachers.base import Teacher
+from distill_guard.teachers.base import Teacher, unknown_state
 from distill_guard.teachers.capabilities import Capabilities
 from distill_guard.teachers.sglang_http import SGLangHTTPTeacher
 
@@ -69,7 +69,7 @@ class Run:
     @property
     def awake(self) -> bool:
         """Known awake by the guard's own tracking: only then may anything reach its memory."""
-        return not self.teacher.asleep and not getattr(self.teacher, "state_unknown", None)
+        return not self.teacher.asleep and not unknown_state(self.teacher)
 
 
 def codes(findings: list[Finding]) -> str:
