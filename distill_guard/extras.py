@@ -22,6 +22,7 @@ EXTRAS = {
     "sglang": ("sglang",),
     "gpu": ("triton", "torch_memory_saver"),
     "wandb": ("wandb",),
+    "ray": ("ray",),
 }
 """Extra → the top-level modules it installs (pyproject's ``[project.optional-dependencies]``)."""
 

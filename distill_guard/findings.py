@@ -79,6 +79,7 @@ class Code:
     GUARD_INTERNAL_ERROR = "guard.internal_error"
     CONSENSUS_FAILED = "guard.consensus_failed"
     ALERT_FAILED = "guard.alert_failed"
+    RELAX_VERDICT_UNUSABLE = "relax.verdict_unusable"
 
 
 TEACHER_FAULTS = frozenset(

@@ -17,7 +17,17 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-HEAVY = ("httpx", "fastapi", "uvicorn", "hydra", "transformers", "lightning", "wandb", "sglang")
+HEAVY = (
+    "httpx",
+    "fastapi",
+    "uvicorn",
+    "hydra",
+    "transformers",
+    "lightning",
+    "wandb",
+    "sglang",
+    "ray",
+)
 FRAMEWORKS = ("transformers", "lightning", "pytorch_lightning")
 
 PROBES = {

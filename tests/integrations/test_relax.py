@@ -10,6 +10,8 @@ import functools
 import importlib
 import inspect
 import math
+import os
+import time
 from argparse import Namespace
 from dataclasses import dataclass
 
@@ -19,8 +21,9 @@ import torch
 from distill_guard.events import EventLog
 from distill_guard.integrations import relax
 from distill_guard.integrations.relax import samples as fields
-from distill_guard.integrations.relax.trainer import TrainerGate, board_for, skip_next_update
-from distill_guard.integrations.relax.verdicts import StepVerdict, Verdict, VerdictBoard
+from distill_guard.integrations.relax.file_board import HOST, FileBoard, board_for
+from distill_guard.integrations.relax.trainer import TrainerGate, skip_next_update
+from distill_guard.integrations.relax.verdicts import Announcement, StepVerdict, Verdict
 from distill_guard.observations import LossKind
 from distill_guard.testing.tiny import build_tiny_qwen3
 
@@ -75,6 +78,20 @@ def args_for(**extra):
         "custom_megatron_before_train_step_hook_path": f"{harness.HOOKS}.before_train_step_hook",
     }
     return Namespace(**(base | extra))
+
+
+def announcement(run="", attempt="a1", **kw):
+    fields_ = dict(
+        run=run,
+        attempt=attempt,
+        gates=["filter", "log", "train_step"],
+        on_dead_teacher="halt",
+        teacher=True,
+        time=time.time(),
+        host=HOST,
+        pid=os.getpid(),
+    )
+    return Announcement(**(fields_ | kw))
 
 
 def configure(tmp_path, args=None, **kw):
@@ -155,9 +172,9 @@ def test_a_gate_the_launcher_wired_but_relax_ignored_is_refused(tmp_path):
 def test_setup_announces_the_active_gates_for_the_trainer(tmp_path):
     gate = configure(tmp_path, gates=["filter", "train_step", "log"])
     assert gate.gates == ("filter", "log", "train_step")
-    board = board_for(tmp_path / "events.jsonl")
-    assert board.gates()["gates"] == ["filter", "log", "train_step"]
-    assert board.gates()["on_dead_teacher"] == "halt"
+    announced = board_for(tmp_path / "events.jsonl").announcement().value
+    assert announced.gates == ["filter", "log", "train_step"]
+    assert announced.on_dead_teacher == "halt" and announced.attempt == gate.board.attempt
     assert gate.guard.policy.critical_action.value == "halt"
     assert gate.guard.run.loss is LossKind.JSD
 
@@ -192,7 +209,7 @@ def test_the_filter_masks_dead_samples_keeps_every_group_and_posts_the_verdict(t
     assert not any(s.remove_sample for s in healthy)
     metrics = {}
     relax.rollout_log_function(0, args, healthy + dead, metrics, 1.0)
-    verdict = gate.board.read(0)
+    verdict = gate.board.read(0).value
     assert verdict.complete and verdict.dead == 2 and verdict.masked == 2
     assert verdict.verdict is Verdict.HALT  # the default policy here: halt at the first dead wake
     assert "--teacher-sglang-enable-weights-cpu-backup" in " ".join(verdict.reasons)
@@ -204,7 +221,7 @@ def test_without_the_filter_the_log_hook_halts_the_trainer_before_queued_dead_da
     gate = configure(tmp_path, args=args, gates=["log", "train_step"])
     dead = [Sample([1] * 16, 10, [UNIFORM] * 10, [1] * 10)]
     relax.rollout_log_function(0, args, dead, {}, 1.0)
-    verdict = gate.board.read(0)
+    verdict = gate.board.read(0).value
     assert verdict.verdict is Verdict.HALT and "not loaded" in verdict.reasons[-1]
 
 
@@ -269,7 +286,7 @@ def test_skip_takes_no_update_and_restores_itself():
 
 
 def test_trainer_gate_reads_the_verdict_and_halts_after_a_checkpoint(tmp_path):
-    board = VerdictBoard(tmp_path / "v")
+    board = FileBoard(tmp_path / "v")
     saved = []
     gate = TrainerGate(
         board, EventLog(tmp_path / "e.jsonl"), save=lambda *a: saved.append(a[1]), wait_s=0.2
@@ -278,13 +295,16 @@ def test_trainer_gate_reads_the_verdict_and_halts_after_a_checkpoint(tmp_path):
     with pytest.raises(relax.GuardHalt, match="no rollout-side gate"):
         gate.before_step(None, 0, None, Optimizer(), None)
     assert saved == [0]
-    board.announce({"gates": ["filter"]})
+    board.announce(announcement())
     gate = TrainerGate(
         board, EventLog(tmp_path / "e2.jsonl"), save=lambda *a: saved.append(a[1]), wait_s=0.2
     )
-    board.post(StepVerdict(1, samples=4, complete=True))
+    attempt = board.attempt
+    board.post(StepVerdict(1, samples=4, complete=True, attempt=attempt))
     assert gate.before_step(None, 1, None, Optimizer(), None) is Verdict.TRAIN
-    board.post(StepVerdict(2, Verdict.SKIP, samples=4, dead=4, masked=4, complete=True))
+    board.post(
+        StepVerdict(2, Verdict.SKIP, samples=4, dead=4, masked=4, complete=True, attempt=attempt)
+    )
     opt = Optimizer()
     assert gate.before_step(None, 2, None, opt, None) is Verdict.SKIP and opt.step() == (
         True,

@@ -14,7 +14,7 @@ called once per finished group, after teacher scoring. There the gate
 - acts on the guard's decision: on a halt it masks the group and posts ``halt``; after a verified
   repair it re-scores the dead samples and keeps them only if the new values pass; otherwise it
   masks them (``remove_sample``, a zero ``loss_mask``, ``opd_sample_mask = False``);
-- posts the step's tally to the :class:`~.verdicts.VerdictBoard` for the trainer ranks.
+- posts the step's tally on the run's verdict channel (:mod:`.verdicts`) for the trainer ranks.
 
 The filter never drops a group: Relax refills a dropped group with new prompts, and against a
 dead teacher it would sample forever.
@@ -31,7 +31,7 @@ from distill_guard.checks import TeacherCollapseCheck
 from distill_guard.findings import Severity
 from distill_guard.guard import DistillGuard
 from distill_guard.integrations.relax import samples as fields
-from distill_guard.integrations.relax.verdicts import StepVerdict, Verdict, VerdictBoard
+from distill_guard.integrations.relax.verdicts import StepVerdict, Verdict, VerdictChannel
 from distill_guard.observations import TeacherScores
 from distill_guard.policy import Action, Decision
 
@@ -48,7 +48,8 @@ class RelaxGate:
     """The guard on Relax's rollout side, one per rollout process."""
 
     guard: DistillGuard
-    board: VerdictBoard | None = None
+    board: VerdictChannel | None = None
+    """Where the step verdicts go for the trainer ranks (a Ray actor, or a shared directory)."""
     token_selection: str = "student_sampled"
     """Relax's ``--opd-token-selection``: which teacher channel the samples carry."""
     top_k: int = 0
@@ -67,7 +68,13 @@ class RelaxGate:
         return self.guard.teacher
 
     def tally(self, rollout_id: int) -> StepVerdict:
-        return self.tallies.setdefault(rollout_id, StepVerdict(rollout_id))
+        if rollout_id not in self.tallies:
+            self.tallies[rollout_id] = StepVerdict(
+                rollout_id,
+                run=getattr(self.board, "run", ""),
+                attempt=getattr(self.board, "attempt", None) or "",
+            )
+        return self.tallies[rollout_id]
 
     # ---------------------------------------------------------------- per group
 

@@ -6,8 +6,12 @@ Relax passes its hooks no configuration, so the settings come from the environme
 ==================================  ==============================================================
 ``DISTILL_GUARD_PRESET``            ``default`` | ``monitor_only`` | ``strict``
 ``DISTILL_GUARD_OVERRIDES``         Hydra overrides of the guard node, space separated
-``DISTILL_GUARD_EVENTS``            the JSONL event file, on a file system every rank sees; the
-                                    verdict board is ``<stem>.verdicts/`` beside it
+``DISTILL_GUARD_EVENTS``            the JSONL event file (without Ray, on a file system every
+                                    rank sees: the verdict board is ``<stem>.verdicts/`` beside it)
+``DISTILL_GUARD_RUN_ID``            the run's name on the verdict channel (default: the Ray
+                                    session and job; without Ray, unnamed)
+``DISTILL_GUARD_VERDICT_CHANNEL``   ``auto`` (a Ray actor under Ray, else the file board),
+                                    ``ray`` or ``file``
 ``DISTILL_GUARD_GATES``             the gates the launcher wired (``filter,train_step,feedback``);
                                     one that Relax did not load is an error at the first hook
 ``DISTILL_GUARD_ON_DEAD_TEACHER``   ``halt`` (default): stop at the first dead wake, checkpoint
@@ -28,12 +32,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from distill_guard.config import GuardSpec, build_guard
-from distill_guard.errors import GuardError
 from distill_guard.guard import DistillGuard
 from distill_guard.integrations.plain import refuse_unexpected
+from distill_guard.integrations.relax.errors import GuardSetupError
 from distill_guard.integrations.relax.feedback import FEEDBACK_BASES
+from distill_guard.integrations.relax.file_board import HOST
 from distill_guard.integrations.relax.gate import RelaxGate
-from distill_guard.integrations.relax.trainer import board_for
+from distill_guard.integrations.relax.verdicts import Announcement, new_attempt, verdict_channel
 from distill_guard.observations import LossKind, RunSpec
 
 log = logging.getLogger("distill_guard")
@@ -51,10 +56,6 @@ GATE_FLAGS = {
 }
 """Gate → (Relax's argument, the value that wires it; None: any of our feedback classes)."""
 ON_DEAD = {"halt": "HALT", "repair": "REWAKE"}
-
-
-class GuardSetupError(GuardError, RuntimeError):
-    """The guard cannot protect this run as launched (a gate Relax did not load): refuse it."""
 
 
 def wired_gates(args: Any) -> dict[str, bool]:
@@ -136,16 +137,27 @@ def configure(
         if args is not None
         else sorted(expected)
     )
-    board = board_for(g.events.path) if g.events.path is not None else None
-    announcement = {
-        "gates": active,
-        "on_dead_teacher": on_dead,
-        "teacher": teacher is not None,
-        "time": time.time(),
-    }
-    if board is not None:
-        board.announce(announcement)
-    g.events.write("setup", **announcement)
+    try:
+        board = verdict_channel(g.events.path)
+        announcement = Announcement(
+            run=getattr(board, "run", ""),
+            attempt=new_attempt(),
+            gates=active,
+            on_dead_teacher=on_dead,
+            teacher=teacher is not None,
+            time=time.time(),
+            host=HOST,
+            pid=os.getpid(),
+        )
+        if board is not None:
+            board.announce(announcement)
+    except GuardSetupError as exc:
+        g.events.write("setup_refused", problems=[str(exc)])
+        g.close()
+        raise
+    g.events.write(
+        "setup", **announcement.to_dict(), channel=board.where if board is not None else None
+    )
     log.info(
         "distill_guard: Relax gates active: %s; dead teacher: %s",
         ", ".join(active) or "none",

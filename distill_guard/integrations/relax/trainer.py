@@ -4,7 +4,8 @@ Relax calls ``--custom-megatron-before-train-step-hook-path`` on every trainer r
 ``train_one_step`` after ``zero_grad`` and before the forward and backward, with
 ``(args, rollout_id, step_id, model, optimizer, opt_param_scheduler)`` and no batch; its
 ``optimizer.step()`` that follows is unconditional (``docs/relax.md`` §3). So the hook reads the
-verdict the rollout side posted for ``rollout_id`` (:mod:`.verdicts`), the ranks agree on it, and
+verdict the rollout side posted for ``rollout_id`` on the run's verdict channel
+(:mod:`.verdicts`: a Ray actor, or a shared directory), the ranks agree on it, and
 
 - ``train``: nothing to do (dead samples were already masked before the queue);
 - ``skip``: this update is not taken: the optimizer's next ``step()`` only zeroes the gradients
@@ -17,27 +18,29 @@ verdict the rollout side posted for ``rollout_id`` (:mod:`.verdicts`), the ranks
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from distill_guard.consensus import dist_ready
-from distill_guard.errors import GuardError
 from distill_guard.events import EventLog
-from distill_guard.integrations.relax.verdicts import StepVerdict, Verdict, VerdictBoard
+from distill_guard.findings import Code, Finding, Severity
+from distill_guard.integrations.relax.errors import GuardHalt
+from distill_guard.integrations.relax.verdicts import (
+    Reading,
+    Verdict,
+    VerdictChannel,
+    verdict_channel,
+)
 
 log = logging.getLogger("distill_guard")
 
 SaveFunction = Callable[[Any, int, Any, Any, Any], None]
 """``save(args, rollout_id, model, optimizer, opt_param_scheduler)``."""
-
-
-class GuardHalt(GuardError, RuntimeError):
-    """The guard stopped the run; the message says why (the event file has the details)."""
 
 
 def relax_save(args: Any, rollout_id: int, model: Any, optimizer: Any, scheduler: Any) -> None:
@@ -59,7 +62,7 @@ class TrainerGate:
 
     def __init__(
         self,
-        board: VerdictBoard,
+        board: VerdictChannel,
         events: EventLog,
         *,
         save: SaveFunction = relax_save,
@@ -71,25 +74,30 @@ class TrainerGate:
         self.wait_s = wait_s
         """How long the first update of a step waits for the rollout side's verdict."""
         self.decided: dict[int, Verdict] = {}
+        self.announced: Any = None
+        """The rollout side's announcement, once read."""
         self._group: Any = None
 
     @classmethod
     def from_env(cls) -> TrainerGate:
-        """From ``DISTILL_GUARD_EVENTS`` (the board lives next to it, ``<stem>.verdicts/``),
-        ``DISTILL_GUARD_SAVE_FUNCTION`` and ``DISTILL_GUARD_VERDICT_WAIT_S``."""
+        """From ``DISTILL_GUARD_EVENTS`` (this rank's event file; without Ray the verdicts are
+        read from ``<stem>.verdicts/`` beside it), ``DISTILL_GUARD_RUN_ID``,
+        ``DISTILL_GUARD_VERDICT_CHANNEL``, ``DISTILL_GUARD_SAVE_FUNCTION`` and
+        ``DISTILL_GUARD_VERDICT_WAIT_S``."""
         events = os.environ.get("DISTILL_GUARD_EVENTS")
-        if not events:
+        channel = verdict_channel(events)
+        if channel is None:
             raise GuardHalt(
-                "distill_guard's before-train-step hook has no DISTILL_GUARD_EVENTS: it cannot "
-                "find the rollout side's verdicts. Set it on the driver and list it in "
-                "RELAX_PROPAGATE_ENV_VARS so it reaches the trainer actors."
+                "distill_guard's before-train-step hook has no DISTILL_GUARD_EVENTS and runs "
+                "without Ray: it cannot find the rollout side's verdicts. Set it on the driver "
+                "and list it in RELAX_PROPAGATE_ENV_VARS so it reaches the trainer actors."
             )
         rank = torch.distributed.get_rank() if dist_ready() else 0
         log_ = EventLog(events)
         log_.set_rank(rank)
         save_path = os.environ.get("DISTILL_GUARD_SAVE_FUNCTION")
         return cls(
-            board_for(events),
+            channel,
             log_,
             save=load_function(save_path) if save_path else relax_save,
             wait_s=float(os.environ.get("DISTILL_GUARD_VERDICT_WAIT_S", "600")),
@@ -113,20 +121,60 @@ class TrainerGate:
         return verdict
 
     def _read(self, rollout_id: int) -> tuple[Verdict, str]:
-        if self.board.gates() is None:
-            return Verdict.HALT, (
-                "no rollout-side gate announced itself: the dynamic sampling filter "
-                "(distill_guard.integrations.relax.dynamic_sampling_filter) is not loaded, so "
-                "nothing keeps a dead teacher's values out of the trainer's data"
+        if self.announced is None:
+            got = self.board.announcement()
+            if got.value is None:
+                self._problem(rollout_id, got, "the rollout side's announcement")
+                return Verdict.HALT, (
+                    f"no rollout-side gate announced itself on {got.where}"
+                    + (f" ({got.problem})" if got.problem else "")
+                    + ": the dynamic sampling filter "
+                    "(distill_guard.integrations.relax.dynamic_sampling_filter) is not loaded in "
+                    "this run, so nothing keeps a dead teacher's values out of the trainer's data"
+                )
+            self.announced = got.value
+        seen = self.board.wait(rollout_id, self.wait_s)
+        what = f"the verdict of rollout {rollout_id}"
+        for earlier in seen.passed_over:
+            self._problem(
+                rollout_id, dataclasses.replace(seen, problem=earlier), what, Severity.WARN
             )
-        seen: StepVerdict | None = self.board.wait(rollout_id, self.wait_s)
-        if seen is None or not seen.complete:
+        if seen.problem:
+            self._problem(rollout_id, seen, what)
+        if seen.value is None or not seen.value.complete:
             return Verdict.HALT, (
-                f"no complete verdict for rollout {rollout_id} after {self.wait_s:g} s: the "
-                "rollout side did not finish judging the step this rank is about to train"
+                f"no complete verdict for rollout {rollout_id} on {seen.where} after "
+                f"{self.wait_s:g} s"
+                + (f" (what is there is {seen.problem})" if seen.problem else "")
+                + ": the rollout side did not finish judging the step this rank is about to train"
             )
-        reason = "; ".join(seen.reasons) or f"{seen.samples} samples, none dead"
-        return seen.verdict, reason
+        verdict = seen.value
+        reason = "; ".join(verdict.reasons) or f"{verdict.samples} samples, none dead"
+        return verdict.verdict, reason
+
+    def _problem(
+        self, rollout_id: int, got: Reading, what: str, severity: Severity = Severity.CRITICAL
+    ) -> None:
+        """A verdict channel that gave something unusable: a finding naming where and why."""
+        if not got.problem:
+            return
+        outcome = (
+            "It was passed over: this rank followed the run's own verdict that came after it."
+            if severity is Severity.WARN
+            else "It is not followed: this rank waits for this run's own verdict and halts "
+            "without one."
+        )
+        finding = Finding(
+            Code.RELAX_VERDICT_UNUSABLE,
+            severity,
+            f"{what} on {got.where} is {got.problem}. {outcome} Give each run its own "
+            "DISTILL_GUARD_EVENTS (or DISTILL_GUARD_RUN_ID), and let only distill_guard write "
+            "the verdicts.",
+            step=rollout_id,
+            values={"where": got.where, "problem": got.problem},
+        )
+        log.error("distill_guard: %s", finding.message)
+        self.events.write("finding", stage="before_train_step", **finding.to_dict())
 
     def _agree(self, verdict: Verdict) -> Verdict:
         """Every rank takes the most severe verdict any rank read (a lagging file system view
@@ -175,9 +223,3 @@ def skip_next_update(optimizer: Any, scheduler: Any) -> None:
     once(optimizer, "step", no_update)
     if scheduler is not None and hasattr(scheduler, "step"):
         once(scheduler, "step", lambda *a, **k: None)
-
-
-def board_for(events_path: str | os.PathLike[str]) -> VerdictBoard:
-    """The verdict board that belongs to an event file: ``<stem>.verdicts/`` beside it."""
-    p = Path(events_path)
-    return VerdictBoard(p.with_name(f"{p.stem}.verdicts"))
