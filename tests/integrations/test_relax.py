@@ -216,6 +216,67 @@ def test_the_filter_masks_dead_samples_keeps_every_group_and_posts_the_verdict(t
     assert metrics["guard/dead_samples"] == 2.0 and metrics["guard/halted"] == 1.0
 
 
+def healthy_group(n=2):
+    return [Sample([1] * 16, 10, [-1.5] * 10, [1] * 10) for _ in range(n)]
+
+
+def dead_group(n=2):
+    return [Sample([1] * 16, 10, [UNIFORM] * 10, [1] * 10) for _ in range(n)]
+
+
+def test_the_verdict_counts_only_committed_samples_and_an_all_masked_step_is_skipped(tmp_path):
+    """A group the filter passed but Relax never committed (over-sampling, a full batch) is not
+    in the trainer's data: counting it posted ``train`` for a batch that was all masked, and
+    AdamW's weight decay moved the weights on a zero loss."""
+    gate = configure(tmp_path, on_dead_teacher="repair")  # no teacher to repair: mask
+    args = args_for()
+    uncommitted, committed = healthy_group(), dead_group()
+    relax.dynamic_sampling_filter(args, uncommitted)
+    relax.dynamic_sampling_filter(args, committed)
+    relax.rollout_log_function(0, args, committed, {}, 1.0)
+    v = gate.board.read(0).value
+    assert (v.samples, v.dead, v.masked) == (2, 2, 2)
+    assert v.verdict is Verdict.SKIP and "out of the loss" in v.reasons[-1]
+
+
+@pytest.mark.parametrize("on_dead", ["repair", "halt"])
+def test_samples_committed_without_passing_the_filter_are_judged_after_the_fact(tmp_path, on_dead):
+    """Relax's abort path under partial rollout queues groups finished inside ``abort()``
+    without calling the filter: their dead values reach the trainer unmasked."""
+    gate = configure(tmp_path, on_dead_teacher=on_dead)
+    args = args_for()
+    filtered, aborted = healthy_group(), dead_group()
+    relax.dynamic_sampling_filter(args, filtered)
+    relax.rollout_log_function(0, args, filtered + aborted, {}, 1.0)
+    v = gate.board.read(0).value
+    assert (v.samples, v.dead, v.masked) == (4, 2, 0)
+    assert v.verdict is (Verdict.SKIP if on_dead == "repair" else Verdict.HALT)
+    assert "without passing the dynamic sampling filter" in v.reasons[-1]
+    relax.dynamic_sampling_filter(args, healthy_group())  # the next step: healthy, trains
+    relax.rollout_log_function(1, args, [], {}, 1.0)
+    assert gate.board.read(1).value.verdict is Verdict.TRAIN
+
+
+def test_a_run_that_skips_every_update_halts_after_the_bound(tmp_path):
+    """The policy halts after 3 steps with unresolved criticals; a run whose repairs verify but
+    whose samples still cannot be used (the old ``student_topk`` repair) would skip forever:
+    the skip bound stops it (2 here, below the policy's 3)."""
+    gate = configure(tmp_path, on_dead_teacher="repair", max_skipped_steps=2)
+    args = args_for()
+    verdicts = []
+    for step in range(2):
+        group = dead_group()
+        relax.dynamic_sampling_filter(args, group)
+        metrics = {}
+        relax.rollout_log_function(step, args, group, metrics, 1.0)
+        verdicts.append(gate.board.read(step).value.verdict)
+    assert verdicts == [Verdict.SKIP, Verdict.HALT]
+    assert "2 consecutive steps were skipped" in gate.board.read(1).value.reasons[-1]
+    assert metrics["guard/skipped_in_a_row"] == 2.0
+    with pytest.raises(relax.GuardSetupError, match="DISTILL_GUARD_MAX_SKIPPED_STEPS"):
+        configure(tmp_path, max_skipped_steps=0)
+
+
 def test_without_the_filter_the_log_hook_halts_the_trainer_before_queued_dead_data(tmp_path):
     args = args_for(dynamic_sampling_filter_path=None)
     gate = configure(tmp_path, args=args, gates=["log", "train_step"])

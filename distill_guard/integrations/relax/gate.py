@@ -58,7 +58,10 @@ class RelaxGate:
     """The gates this run has wired (``filter``, ``train_step``, ``feedback``, ``log``)."""
     step: int | None = None
     """The rollout being gated; set at its first group, advanced by the log hook."""
+    max_skipped_steps: int = 3
+    """Consecutive skipped updates after which the run halts (a run that never trains)."""
     tallies: dict[int, StepVerdict] = dataclasses.field(default_factory=dict)
+    _skipped: int = 0
     _woke: set[int] = dataclasses.field(default_factory=set)
     _canary_failed: set[int] = dataclasses.field(default_factory=set)
     _repaired: set[int] = dataclasses.field(default_factory=set)
@@ -79,7 +82,9 @@ class RelaxGate:
     # ---------------------------------------------------------------- per group
 
     def filter_group(self, args: Any, group: Sequence[Any]) -> None:
-        """Judge one finished group before Relax queues it; mask or re-score dead samples."""
+        """Judge one finished group before Relax queues it; mask or re-score dead samples.
+        Each sample is marked as judged; the step's verdict is counted at :meth:`end_rollout`
+        from the samples Relax committed, not from the groups that passed here."""
         if self.step is None:
             self.step = int(getattr(args, "start_rollout_id", 0) or 0)
         step = self.step
@@ -88,23 +93,25 @@ class RelaxGate:
             self._woke.add(step)
             self._wake(step, tally)
         dead = self._dead(step, group)
-        tally.samples += len(group)
-        tally.dead += len(dead)
+        rescored: list[Any] = []
         if tally.verdict is Verdict.HALT:
-            tally.masked += fields.mask_out(group)
+            fields.mask_out(group)
         elif dead:
             decision = self._decide(step, dead)
             if decision.action is Action.HALT:
                 tally.raise_to(Verdict.HALT, _why(decision))
-                tally.masked += fields.mask_out(group)
+                fields.mask_out(group)
             elif step in self._repaired:
                 bad = self._rescore(step, dead)
-                tally.rescored += len(dead) - len(bad)
-                tally.masked += fields.mask_out(bad)
+                rescored = [s for s in dead if all(s is not b for b in bad)]
+                fields.mask_out(bad)
             else:
-                tally.masked += fields.mask_out(dead)
+                fields.mask_out(dead)
                 tally.raise_to(Verdict.TRAIN, decision.message)  # records why, trains the rest
-        self._post(tally)
+        for s in group:
+            fields.mark_judged(
+                s, step, dead=any(s is d for d in dead), rescored=any(s is r for r in rescored)
+            )
 
     def _wake(self, step: int, tally: StepVerdict) -> None:
         """The step's canary, against the fingerprint of the previous rollout's end."""
@@ -198,17 +205,17 @@ class RelaxGate:
     # ---------------------------------------------------------------- per step
 
     def end_rollout(self, rollout_id: int, samples: Sequence[Any]) -> dict[str, float]:
-        """The rollout log hook. In Relax it runs after the step was queued: complete the step's
-        verdict for the trainer. In slime and miles it runs before the data is converted, and
-        the post-process gate completes the step instead: only report."""
+        """The rollout log hook. In Relax it runs after the step was queued, with the samples
+        Relax committed to it: count the step from them and complete its verdict for the
+        trainer. In slime and miles it runs before the data is converted, and the post-process
+        gate completes the step instead: only report."""
         if self.step is not None and self.step != rollout_id and self.step in self.tallies:
             moved = self.tallies.pop(self.step)  # the first rollout id was guessed wrong
             self.tallies[rollout_id] = dataclasses.replace(moved, rollout_id=rollout_id)
             self.step = rollout_id
         tally = self.tally(rollout_id)
         if "post_process" not in self.gates:
-            if "filter" not in self.gates:
-                self._judge_after_the_fact(rollout_id, samples, tally)
+            self.count_committed(rollout_id, samples)
             self.complete_step(rollout_id)
         return self.metrics(tally)
 
@@ -217,13 +224,57 @@ class RelaxGate:
         post-process, at the start of the conversion; judge them, then complete the step."""
         self.filter_group(args, samples)
         assert self.step is not None
+        self.count_committed(self.step, samples)
         self.complete_step(self.step)
 
-    def complete_step(self, rollout_id: int) -> None:
-        """Post the step's final verdict and move on to the next step."""
+    def count_committed(self, rollout_id: int, committed: Sequence[Any]) -> None:
+        """The step's tally from what was committed to it. A sample the filter judged counts as
+        it left it; any other was queued without passing a gate (no filter wired, or Relax's
+        abort path under partial rollout) and is judged now: dead values there are in the
+        trainer's data with a live loss mask, so the step's update must not be taken."""
         tally = self.tally(rollout_id)
-        if tally.verdict is Verdict.TRAIN and tally.samples and tally.masked == tally.samples:
-            tally.raise_to(Verdict.SKIP, "every sample of the step was masked")
+        judged = [s for s in committed if fields.judgement(s) is not None]
+        unjudged = [s for s in committed if fields.judgement(s) is None]
+        late = [s for s in self._dead(rollout_id, unjudged) if not fields.out_of_loss(s)]
+        tally.samples = len(committed)
+        tally.dead = sum(fields.judgement(s)["dead"] for s in judged) + len(late)
+        tally.rescored = sum(fields.judgement(s)["rescored"] for s in judged)
+        tally.masked = sum(fields.masked_by_guard(s) for s in committed)
+        if late:
+            unwired = "filter" not in self.gates
+            where = (
+                "the dynamic sampling filter gate is not loaded"
+                if unwired
+                else "they were committed without passing the dynamic sampling filter (Relax's "
+                "abort path under partial rollout)"
+            )
+            halt = unwired or self.guard.policy.critical_action is Action.HALT
+            tally.raise_to(
+                Verdict.HALT if halt else Verdict.SKIP,
+                f"{len(late)} committed samples with dead teacher values were queued unfiltered "
+                f"({where}): {'halting' if halt else 'skipping the update'} before the trainer "
+                "uses them",
+            )
+        guard_masked = tally.masked > 0
+        if committed and guard_masked and all(fields.out_of_loss(s) for s in committed):
+            tally.raise_to(
+                Verdict.SKIP,
+                "every committed sample of the step is out of the loss: an update on a zero "
+                "loss would still move the weights (weight decay, momentum)",
+            )
+
+    def complete_step(self, rollout_id: int) -> None:
+        """Post the step's final verdict and move on to the next step. A run whose updates were
+        skipped on ``max_skipped_steps`` consecutive steps halts: it is not training."""
+        tally = self.tally(rollout_id)
+        self._skipped = self._skipped + 1 if tally.verdict is Verdict.SKIP else 0
+        if self._skipped >= self.max_skipped_steps:
+            tally.raise_to(
+                Verdict.HALT,
+                f"the updates of {self._skipped} consecutive steps were skipped (bound "
+                f"{self.max_skipped_steps}, DISTILL_GUARD_MAX_SKIPPED_STEPS): the run is not "
+                "training on anything. Fix the teacher (see the reasons above) and resume",
+            )
         tally.complete = True
         self._post(tally)
         self.step = rollout_id + 1
@@ -237,21 +288,8 @@ class RelaxGate:
             "guard/repairs": float(self.guard.repairs),
             "guard/verdict": float(tally.verdict.rank),
             "guard/halted": float(tally.verdict is Verdict.HALT),
+            "guard/skipped_in_a_row": float(self._skipped),
         }
-
-    def _judge_after_the_fact(
-        self, rollout_id: int, samples: Sequence[Any], tally: StepVerdict
-    ) -> None:
-        """Without the filter gate the data is already queued: the trainer must not take it."""
-        dead = self._dead(rollout_id, samples)
-        tally.samples += len(samples)
-        tally.dead += len(dead)
-        if tally.dead:
-            tally.raise_to(
-                Verdict.HALT,
-                f"{tally.dead} samples with dead teacher values were queued unfiltered (the "
-                "dynamic sampling filter gate is not loaded): halting before the trainer uses them",
-            )
 
     def _post(self, tally: StepVerdict) -> None:
         if self.board is not None:

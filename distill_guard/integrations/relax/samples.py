@@ -143,6 +143,32 @@ def mask_out(samples: Iterable[Any]) -> int:
     return n
 
 
+JUDGED_BY_GUARD = "_distill_guard_judged"
+"""Set on every sample the gate judged: ``{"step", "dead", "rescored"}``."""
+
+
+def mark_judged(sample: Any, step: int, *, dead: bool, rescored: bool) -> None:
+    setattr(sample, JUDGED_BY_GUARD, {"step": step, "dead": dead, "rescored": rescored})
+
+
+def judgement(sample: Any) -> dict[str, Any] | None:
+    """What the gate found on the sample (None: it never passed the gate)."""
+    return getattr(sample, JUDGED_BY_GUARD, None)
+
+
+def masked_by_guard(sample: Any) -> bool:
+    return getattr(sample, MASKED_BY_GUARD, None) is not None
+
+
+def out_of_loss(sample: Any) -> bool:
+    """Whether the sample adds nothing to the loss: removed, a zero loss mask, or (SDPO) its
+    ``opd_sample_mask`` off."""
+    if getattr(sample, "remove_sample", False) or getattr(sample, SAMPLE_MASK_FIELD, None) is False:
+        return True
+    lm = getattr(sample, "loss_mask", None)
+    return lm is not None and not bool((torch.as_tensor(numeric(lm)) > 0).any())
+
+
 def unmask(sample: Any) -> bool:
     """Give a sample the guard masked back to the loss, as it was; False if it was not masked."""
     saved = getattr(sample, MASKED_BY_GUARD, None)

@@ -18,6 +18,7 @@ Relax passes its hooks no configuration, so the settings come from the environme
                                     on every rank; ``repair``: reload, verify and re-score
 ``DISTILL_GUARD_TEACHER_URL``       the teacher to check (else ``--opd-teacher-url`` or the first
                                     of ``--opd-teacher-urls``); ``none``: no canary, no repair
+``DISTILL_GUARD_MAX_SKIPPED_STEPS`` consecutive skipped updates after which the run halts (3)
 ``DISTILL_GUARD_INNER_FILTER``      your own dynamic sampling filter, run after the guard's
 ==================================  ==============================================================
 """
@@ -100,6 +101,7 @@ def configure(
     canary: Any = None,
     gates: Sequence[str] | None = None,
     on_dead_teacher: str | None = None,
+    max_skipped_steps: int | None = None,
     **unexpected: Any,
 ) -> RelaxGate:
     """Set up the gate (else the first hook call does it from the environment).
@@ -115,6 +117,7 @@ def configure(
         raise GuardSetupError(
             f"DISTILL_GUARD_ON_DEAD_TEACHER must be halt or repair, got {on_dead!r}"
         )
+    max_skipped = _max_skipped(max_skipped_steps)
     overrides = list(overrides)
     if not isinstance(guard, DistillGuard):
         overrides.append(f"policy.critical_action={ON_DEAD[on_dead]}")
@@ -169,7 +172,21 @@ def configure(
         token_selection=str(getattr(args, "opd_token_selection", None) or "student_sampled"),
         top_k=int(getattr(args, "opd_log_prob_top_k", 0) or 0),
         gates=tuple(active),
+        max_skipped_steps=max_skipped,
     )
+
+
+def _max_skipped(given: int | None) -> int:
+    raw = given if given is not None else os.environ.get("DISTILL_GUARD_MAX_SKIPPED_STEPS", "3")
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        value = 0
+    if value < 1 or isinstance(raw, bool):
+        raise GuardSetupError(
+            f"DISTILL_GUARD_MAX_SKIPPED_STEPS must be a whole number >= 1, got {raw!r}"
+        )
+    return value
 
 
 def _env_gates() -> tuple[str, ...]:
