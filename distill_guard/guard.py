@@ -249,6 +249,7 @@ class DistillGuard:
         topk_ids: torch.Tensor | None = None,
         token_ids: torch.Tensor | None = None,
         sample_index: torch.Tensor | None = None,
+        topk_own: bool = True,
     ) -> Decision:
         """After the teacher scored this step's batch, before the loss: a uniform teacher is
         caught here, before it poisons an update. Act on ``skip_batch``/``rewake`` by not
@@ -256,9 +257,10 @@ class DistillGuard:
 
         ``topk_ids``, ``token_ids`` and ``sample_index`` (see
         :class:`~distill_guard.observations.TeacherScores`) let the pairing checks see a
-        tokenizer mismatch or logprobs shifted by one position."""
+        tokenizer mismatch or logprobs shifted by one position; ``topk_own=False`` says the
+        top-k rows are the teacher's logprobs of ids chosen elsewhere (a student's top-K)."""
         scores = TeacherScores(
-            step, token_logprobs, topk_logprobs, mask, topk_ids, token_ids, sample_index
+            step, token_logprobs, topk_logprobs, mask, topk_ids, token_ids, sample_index, topk_own
         )
         findings = []
         module_canary = self.module_canary

@@ -130,6 +130,10 @@ class TeacherScores:
     sample_index: torch.Tensor | None = None
     """``[N]`` which sample each position belongs to (per-sample statistics; sequence
     boundaries for position checks)."""
+    topk_own: bool = True
+    """Whether ``topk_logprobs`` rows are the teacher's own top-k (so a row's best entry is its
+    top-1). False for its logprobs of ids chosen elsewhere (Relax's ``student_topk``: the
+    student's top-K): every entry is still −ln V on a dead teacher, but no entry is its top-1."""
 
     def kept(self, x: torch.Tensor | None) -> torch.Tensor | None:
         """``x`` (any of the per-position tensors) at the positions the mask keeps."""

@@ -102,6 +102,8 @@ class TokenPairingCheck(Check):
         ]
 
     def _tokens(self, scores: TeacherScores) -> list[Finding]:
+        if not scores.topk_own:  # no row holds the teacher's own first choice
+            return []
         tok, top = self._paired(
             scores.kept(scores.token_logprobs), scores.kept(scores.topk_logprobs)
         )

@@ -166,7 +166,8 @@ class TeacherCollapseCheck(Check):
             bound = self.min_row_fraction if topk else self.min_token_fraction
             frac = stats.uniform_fraction
             if frac < bound and topk:
-                findings += self._near_uniform(values, scores.step, run, measured)
+                if scores.topk_own:  # a top-1 rule: only for the teacher's own top-k
+                    findings += self._near_uniform(values, scores.step, run, measured)
                 if not findings and scores.sample_index is not None:
                     findings += self._partial(values, scores, run, measured)
             if frac >= bound:

@@ -71,8 +71,10 @@ def score_request(
     top_k: int,
     logprob_start_len: int,
     temperature: float | None = None,
+    token_ids: Sequence[Sequence[int]] | None = None,
 ) -> dict[str, Any]:
-    """A batched prefill-only scoring request (``max_new_tokens: 0``), as slime and Relax send it."""
+    """A batched prefill-only scoring request (``max_new_tokens: 0``), as slime and Relax send it;
+    ``token_ids`` (one list per sequence) adds ``token_ids_logprob``."""
     body: dict[str, Any] = {
         "input_ids": [list(map(int, s)) for s in sequences],
         "sampling_params": sampling_params(temperature),
@@ -81,6 +83,8 @@ def score_request(
     }
     if top_k > 0:
         body["top_logprobs_num"] = int(top_k)
+    if token_ids is not None:
+        body["token_ids_logprob"] = [list(map(int, ids)) for ids in token_ids]
     return body
 
 
@@ -96,14 +100,54 @@ def _value(entry: Any, item: int, pos: int) -> float:
 
 
 def parse_score_response(
-    items: Any, sequences: Sequence[Sequence[int]], top_k: int, logprob_start_len: int
+    items: Any,
+    sequences: Sequence[Sequence[int]],
+    top_k: int,
+    logprob_start_len: int,
+    token_ids: Sequence[Sequence[int]] | None = None,
 ) -> ScoreResult:
     """Turn SGLang's per-item dicts into a :class:`ScoreResult`, checking every length. Any
     answer of the wrong shape or type is a :class:`TeacherError`, never another exception."""
     try:
-        return _parse(items, sequences, top_k, logprob_start_len)
+        result = _parse(items, sequences, top_k, logprob_start_len)
+        if token_ids is None:
+            return result
+        asked = _parse_token_ids(items, sequences, logprob_start_len, token_ids)
+        return ScoreResult(result.token_logprobs, result.topk_logprobs, result.topk_ids, asked)
     except (TypeError, ValueError, IndexError, AttributeError) as exc:
         raise TeacherError(f"/generate answer malformed: {type(exc).__name__}: {exc}") from None
+
+
+def _parse_token_ids(
+    items: Any,
+    sequences: Sequence[Sequence[int]],
+    logprob_start_len: int,
+    token_ids: Sequence[Sequence[int]],
+) -> list[torch.Tensor]:
+    """``meta_info.input_token_ids_logprobs``: laid out as ``input_top_logprobs`` (entry 0 null,
+    then one row per scored position), each row the asked ids' ``(logprob, id, text)`` in the
+    order asked (``docs/sglang-contract.md`` §1.9)."""
+    if isinstance(items, dict):
+        items = [items]
+    out = []
+    for i, (item, seq, want) in enumerate(zip(items, sequences, token_ids)):
+        rows = item["meta_info"].get("input_token_ids_logprobs")
+        expected = len(seq) - logprob_start_len
+        if not isinstance(rows, list) or len(rows) != expected:
+            raise TeacherError(
+                f"/generate item {i}: input_token_ids_logprobs missing or of the wrong length "
+                f"(expected {expected} rows, entry 0 being null)"
+            )
+        vals = []
+        for j, row in enumerate(rows[1:], 1):
+            if not isinstance(row, list) or [int(e[1]) for e in row] != list(want):
+                raise TeacherError(
+                    f"/generate item {i} position {j}: the token ids answered are not the "
+                    f"{len(want)} asked for"
+                )
+            vals.append([_value(e, i, j) for e in row])
+        out.append(torch.tensor(vals, dtype=torch.float32).reshape(expected - 1, len(want)))
+    return out
 
 
 def _parse(
@@ -177,6 +221,8 @@ def build_score_item(
     logprob_start_len: int,
     *,
     latency_s: float = 0.0,
+    token_ids: Sequence[int] | None = None,
+    token_ids_logprobs: torch.Tensor | None = None,
 ) -> dict[str, Any]:
     """One response item exactly as SGLang shapes it for ``max_new_tokens: 0`` (tuples for JSON arrays)."""
     ids = list(input_ids)[logprob_start_len:]
@@ -203,4 +249,10 @@ def build_score_item(
             rows.append([(float(v), int(t), None) for v, t in zip(vals, tids)])
         meta["input_top_logprobs"] = rows
         meta["output_top_logprobs"] = []
+    if token_ids is not None and token_ids_logprobs is not None:
+        asked: list[list[tuple[float, int, None]] | None] = [None] if ids else []
+        for vals in token_ids_logprobs.tolist():
+            asked.append([(float(v), int(t), None) for v, t in zip(vals, token_ids)])
+        meta["input_token_ids_logprobs"] = asked
+        meta["output_token_ids_logprobs"] = []
     return {"text": "", "output_ids": [], "meta_info": meta}

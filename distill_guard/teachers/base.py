@@ -76,6 +76,9 @@ class ScoreResult:
     """``[n, K]`` float32 per sequence, sorted descending; ``None`` when ``top_k = 0``."""
     topk_ids: list[torch.Tensor] | None = None
     """``[n, K]`` int64 per sequence, the ids of ``topk_logprobs``; ``None`` when ``top_k = 0``."""
+    token_ids_logprobs: list[torch.Tensor] | None = None
+    """``[n, M]`` float32 per sequence: at every row, the logprob of each of the M token ids
+    asked for (:meth:`Teacher.score_token_ids`), in the order asked; ``None`` otherwise."""
 
     def __len__(self) -> int:
         return len(self.token_logprobs)
@@ -93,6 +96,17 @@ class Teacher(Protocol):
         self, sequences: Sequence[Sequence[int]], *, top_k: int = 0, logprob_start_len: int = 0
     ) -> ScoreResult:
         """Logprobs of ``ids[logprob_start_len + 1:]`` for each sequence, plus top-k if asked."""
+        ...
+
+    def score_token_ids(
+        self,
+        sequences: Sequence[Sequence[int]],
+        token_ids: Sequence[Sequence[int]],
+        *,
+        logprob_start_len: int = 0,
+    ) -> ScoreResult:
+        """As :meth:`score`, plus the logprob of each id of ``token_ids[i]`` at every row of
+        sequence ``i`` (SGLang's ``token_ids_logprob``): how a student's own top-K is scored."""
         ...
 
     def release(self, tags: Sequence[str] | None = None) -> None:
@@ -276,6 +290,34 @@ def check_score_args(
             )
 
 
+def check_token_ids(
+    sequences: Sequence[Sequence[int]], token_ids: Any, vocab_size: int | None
+) -> list[list[int]]:
+    """``token_ids`` as one non-empty list of ids in ``[0, V)`` per sequence. SGLang indexes its
+    logprobs with them unchecked: on a GPU an id past the vocabulary is a device-side assert that
+    kills the server, and a negative one silently reads another token's logprob."""
+    if isinstance(token_ids, (str, bytes)) or not isinstance(token_ids, Sequence):
+        raise GuardValueError(f"token_ids must be one list of ids per sequence, got {token_ids!r}")
+    if len(token_ids) != len(sequences):
+        raise GuardValueError(
+            f"token_ids has {len(token_ids)} lists for {len(sequences)} sequences (one each)"
+        )
+    out = []
+    for i, ids in enumerate(token_ids):
+        if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence) or len(ids) == 0:
+            raise GuardValueError(f"token_ids[{i}] must be a non-empty list of ids, got {ids!r}")
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise GuardValueError(f"token_ids[{i}] must hold ints only")
+        bad = [t for t in ids if t < 0 or (vocab_size is not None and t >= vocab_size)]
+        if bad:
+            raise GuardValueError(
+                f"token_ids[{i}] holds {len(bad)} id(s) outside the vocabulary "
+                f"[0, {vocab_size if vocab_size is not None else '?'}), first {bad[0]}"
+            )
+        out.append([int(t) for t in ids])
+    return out
+
+
 class TrackedTeacher:
     """Shared sleep-state logic: subclasses implement ``_score``, ``_release``, ``_resume``.
 
@@ -304,6 +346,24 @@ class TrackedTeacher:
         self.sleep_state.check_score()
         seqs = [list(map(int, s)) for s in sequences]
         return self._score(seqs, top_k, logprob_start_len, *extra)
+
+    def score_token_ids(
+        self,
+        sequences: Sequence[Sequence[int]],
+        token_ids: Sequence[Sequence[int]],
+        *,
+        logprob_start_len: int = 0,
+    ) -> ScoreResult:
+        check_score_args(sequences, 0, logprob_start_len)
+        ids = check_token_ids(sequences, token_ids, getattr(self, "vocab_size", None))
+        self.sleep_state.check_score()
+        seqs = [list(map(int, s)) for s in sequences]
+        return self._score_token_ids(seqs, ids, logprob_start_len)
+
+    def _score_token_ids(
+        self, sequences: list[list[int]], token_ids: list[list[int]], logprob_start_len: int
+    ) -> ScoreResult:
+        raise TeacherError(f"{type(self).__name__} cannot score given token ids")
 
     def release(self, tags: Sequence[str] | None = None) -> None:
         self._learn_tags()

@@ -88,6 +88,20 @@ class SGLangEngineTeacher(SGLangScoring):
         )
         return parse_score_response(out, sequences, top_k, logprob_start_len)
 
+    def _score_token_ids(
+        self, sequences: list[list[int]], token_ids: list[list[int]], logprob_start_len: int
+    ) -> ScoreResult:
+        out = self._call(
+            "generate",
+            self.engine.generate,
+            input_ids=sequences,
+            sampling_params=sampling_params(None),
+            return_logprob=True,
+            logprob_start_len=logprob_start_len,
+            token_ids_logprob=token_ids,
+        )
+        return parse_score_response(out, sequences, 0, logprob_start_len, token_ids)
+
     def _learn_tags(self) -> None:
         if self._caps is None:
             info = self._info if self._info is not None else self.server_info()

@@ -127,6 +127,15 @@ class SGLangHTTPTeacher(SGLangTraffic, SGLangScoring, SGLangTransport):
             answer_json(resp, "/generate"), sequences, top_k, logprob_start_len
         )
 
+    def _score_token_ids(
+        self, sequences: list[list[int]], token_ids: list[list[int]], logprob_start_len: int
+    ) -> ScoreResult:
+        body = score_request(sequences, 0, logprob_start_len, token_ids=token_ids)
+        resp = self._request("POST", "/generate", json=body, idempotent=True)
+        return parse_score_response(
+            answer_json(resp, "/generate"), sequences, 0, logprob_start_len, token_ids
+        )
+
     def _memory_body(self, tags: tuple[str, ...]) -> dict[str, Any]:
         """The tags the version knows (``cuda_graph`` only from 0.5.5), or no body where the
         version takes none."""

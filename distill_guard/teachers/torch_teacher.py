@@ -216,6 +216,27 @@ class TorchTeacher(TrackedTeacher):
                 [t for t in tids if t is not None] if top_k > 0 else None,
             )
 
+    def _score_token_ids(
+        self, sequences: list[list[int]], token_ids: list[list[int]], logprob_start_len: int
+    ) -> ScoreResult:
+        with self._lock, torch.inference_mode():
+            v = self.vocab_size
+            token, asked = [], []
+            for seq, want in zip(sequences, token_ids):
+                ids = torch.tensor([seq], device=self.device)
+                if v is not None and int(ids.max()) >= v:
+                    raise TeacherError(
+                        f"token id {int(ids.max())} is outside the vocabulary (V={v})"
+                    )
+                logits = self.model(input_ids=ids, use_cache=False).logits
+                logp = torch.log_softmax(
+                    logits[0, logprob_start_len:-1, : v or logits.shape[-1]].float(), dim=-1
+                )
+                targets = ids[0, logprob_start_len + 1 :]
+                token.append(logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1).cpu())
+                asked.append(logp[:, torch.tensor(want, device=logp.device)].cpu())
+            return ScoreResult(token, token_ids_logprobs=asked)
+
     # -- sleep and wake --------------------------------------------------------------------
 
     def _release(self, tags: tuple[str, ...]) -> None:

@@ -52,6 +52,7 @@ import torch.multiprocessing as mp
 
 from distill_guard.integrations.relax.setup import GATE_FLAGS, HOOKS
 from distill_guard.teachers import SGLangHTTPTeacher, TorchTeacher
+from distill_guard.teachers.per_row_ids import score_ids_per_row
 from distill_guard.testing.reference_server import ReferenceServer, serve_in_thread
 from distill_guard.testing.servers import free_port
 from examples.multigpu_colocate.run import LauncherStreams, RankStreams
@@ -83,8 +84,8 @@ class Sample:
 def default_gates(line: str) -> tuple[str, ...]:
     """The gates the launcher wires on each line (slime and miles: the post-process gate)."""
     return {
-        "studio": ("filter", "train_step", "log"),
-        "sdpo": ("filter", "train_step", "log", "feedback"),
+        "studio": ("filter", "convert", "train_step", "log"),
+        "sdpo": ("filter", "convert", "train_step", "log", "feedback"),
         "slime": ("post_process", "train_step", "log"),
     }[line]
 
@@ -96,14 +97,20 @@ WIRING = {
 """Gate → (the Relax argument, the guard's hook path)."""
 
 
-def relax_args(line: str, gates: tuple[str, ...], teacher_url: str) -> Namespace:
-    """The parsed arguments the hooks see, with the guard's hooks for ``gates``."""
+def relax_args(
+    line: str, gates: tuple[str, ...], teacher_url: str, *, deferred: bool = False
+) -> Namespace:
+    """The parsed arguments the hooks see, with the guard's hooks for ``gates``. The SDPO line
+    scores the student's top-K (``student_topk``: the only selection its feedback accepts);
+    ``deferred`` is the line whose teacher scores after the filter (``--opd-teacher-defer``)."""
     args: dict[str, Any] = {
         "opd_teacher_url": teacher_url + "/generate",
         "opd_kl_type": "jsd" if line == "sdpo" else "reverse_kl",
         "opd_jsd_alpha": 0.5,
-        "opd_token_selection": "teacher_topk" if line == "sdpo" else "student_sampled",
+        "opd_token_selection": "student_topk" if line == "sdpo" else "student_sampled",
         "opd_log_prob_top_k": TOP_K if line == "sdpo" else 0,
+        "opd_teacher_defer": deferred,
+        "harness_line": line,
         "start_rollout_id": 0,
         **{name: None for name, _ in WIRING.values() if name != "opd_feedback_class"},
     }
@@ -113,6 +120,11 @@ def relax_args(line: str, gates: tuple[str, ...], teacher_url: str) -> Namespace
         name, value = WIRING[gate]
         args[name] = value
     return Namespace(**args)
+
+
+def relax_convert(args: Any, samples: list[Sample]) -> dict[str, Any]:
+    """Relax's own conversion (``DISTILL_GUARD_INNER_CONVERT``), after the conversion gate."""
+    return convert(samples, args.harness_line)
 
 
 def fill_teacher_values(args: Any, samples: list[Sample]) -> list[float]:
@@ -133,12 +145,12 @@ def score(teacher: SGLangHTTPTeacher, s: Sample, line: str) -> dict[str, Any]:
         start = max(len(s.tokens) - r - 1, 0)
         res = teacher.score([s.tokens], logprob_start_len=start)
         return {"teacher_log_probs": res.token_logprobs[0][-r:].tolist()}
+    # student_topk: the teacher's logprobs of the student's own top-K ids at each row
+    # (SGLang's token_ids_logprob, row by row)
     start = max(len(s.teacher_tokens) - r - 1, 0)
-    res = teacher.score([s.teacher_tokens], top_k=TOP_K, logprob_start_len=start)
-    return {
-        "opd_topk_teacher_log_probs": res.topk_logprobs[0][-r:].tolist(),
-        "opd_topk_token_ids": res.topk_ids[0][-r:].tolist(),
-    }
+    ids = torch.tensor(s.opd_topk_token_ids)
+    values = score_ids_per_row(teacher, s.teacher_tokens, start, ids)
+    return {"opd_topk_teacher_log_probs": values.tolist()}
 
 
 def make_samples(step: int, line: str) -> list[list[Sample]]:
@@ -160,6 +172,12 @@ def make_samples(step: int, line: str) -> list[list[Sample]]:
                     loss_mask=[1] * RESPONSE,
                     teacher_tokens=teacher_prompt + response if line == "sdpo" else None,
                     teacher_prompt_length=TEACHER_PROMPT if line == "sdpo" else None,
+                    # the student's rollout top-K (``student_self_topk``), K distinct ids a row
+                    opd_topk_token_ids=[
+                        torch.randperm(VOCAB, generator=g)[:TOP_K].tolist() for _ in range(RESPONSE)
+                    ]
+                    if line == "sdpo"
+                    else None,
                 )
             )
         groups.append(group)
@@ -195,14 +213,22 @@ def poisoned(data: dict[str, Any], truth: dict[str, Any], line: str) -> list[boo
 
 
 def rollout_side(
-    line: str, gates: tuple[str, ...], out: Path, url: str, truth_url: str, steps: int
+    line: str,
+    gates: tuple[str, ...],
+    out: Path,
+    url: str,
+    truth_url: str,
+    steps: int,
+    deferred: bool = False,
 ) -> None:
     """The rollout process: stages 2–7 for each step, after the trainer's ``update_weights``.
     slime and miles order the log hook before the conversion and fill the teacher's values in
-    the reward post-process (``slime/ray/rollout.py``, ``RolloutManager.generate``)."""
+    the reward post-process (``slime/ray/rollout.py``, ``RolloutManager.generate``). With
+    ``deferred`` (Relax's ``DeferredOpdSession``) the filter runs first and the teacher scores
+    the committed batch at its flush, just before the conversion."""
     from distill_guard.integrations import relax
 
-    args = relax_args(line, gates, url)
+    args = relax_args(line, gates, url, deferred=deferred)
     opd_teacher = SGLangHTTPTeacher(url, timeout_s=30)  # OpdManager's session
     truth_teacher = SGLangHTTPTeacher(truth_url, timeout_s=30)
     feedback = relax.GuardedGoldenAnswerSDPOFeedback() if "feedback" in gates else None
@@ -211,19 +237,26 @@ def rollout_side(
             return
         groups = make_samples(step, line)
         flat = [s for g in groups for s in g]
-        for s in flat:
-            channels = score(opd_teacher, s, line)
-            if feedback is not None:
-                feedback.check_transfer_channels(s, channels, TOP_K)
-            if line == "slime":  # slime's OPD reward function: the raw answer, on the reward
-                s.reward = channels
-                continue
-            for name, value in channels.items():
-                setattr(s, name, value)
-        truth = _truth_values(truth_teacher, flat, line)
+
+        def teacher_scoring() -> None:  # stages 3 and 4
+            for s in flat:
+                channels = score(opd_teacher, s, line)
+                if feedback is not None:
+                    feedback.check_transfer_channels(s, channels, TOP_K)
+                if line == "slime":  # slime's OPD reward function: the raw answer, on the reward
+                    s.reward = channels
+                    continue
+                for name, value in channels.items():
+                    setattr(s, name, value)
+
+        if not deferred:
+            teacher_scoring()
         if "filter" in gates:
             for group in groups:
                 relax.dynamic_sampling_filter(args, group)
+        if deferred:  # DeferredOpdSession.flush: score the committed batch, then publish it
+            teacher_scoring()
+        truth = _truth_values(truth_teacher, flat, line)
         metrics: dict[str, float] = {}
         if line == "slime" and "log" in gates:  # slime: the log hook, then the conversion
             relax.rollout_log_function(step, args, flat, metrics, 1.0)
@@ -232,7 +265,10 @@ def rollout_side(
                 relax.reward_post_process(args, flat)
             else:
                 fill_teacher_values(args, flat)
-        data = convert(flat, line)
+        if "convert" in gates:  # --custom-convert-samples-to-train-data-path
+            data = relax.convert_samples_to_train_data(args, flat)
+        else:
+            data = convert(flat, line)
         data["poisoned"] = poisoned(data, truth, line)  # ground truth, read by the harness only
         (out / f"train_{step}.json").write_text(json.dumps(data))
         if line != "slime" and "log" in gates:  # Relax: the log hook after the put
@@ -417,13 +453,16 @@ def run(
     gates: tuple[str, ...] | None = None,
     env: dict[str, str] | None = None,
     context: Any = None,
+    deferred: bool = False,
 ) -> dict[str, Any]:
     """One run of ``steps`` rollouts with ``gates`` wired (the line's own when None, none when
     not ``guarded``); what each trainer rank consumed, and the events. The trainer ranks are new
     processes of the multiprocessing ``context`` (spawn when None; the tests pass a fork server
     that imported torch and the package once, which saves each rank that import)."""
     gates = (default_gates(line) if gates is None else gates) if guarded else ()
-    name = "-".join([line, *gates, on_dead, "backup" if backup else "nobackup"])
+    name = "-".join(
+        [line, *gates, on_dead, "backup" if backup else "nobackup", *(["deferred"] * deferred)]
+    )
     out = tmp / name
     out.mkdir(parents=True)
     events = out / "events.jsonl"
@@ -432,6 +471,7 @@ def run(
         "DISTILL_GUARD_OVERRIDES": f"run.vocab_size={VOCAB} alerts.use_wandb=false repair.backoff_s=0",
         "DISTILL_GUARD_GATES": ",".join(gates),
         "DISTILL_GUARD_INNER_REWARD_POST_PROCESS": "tests.integrations.relax_harness:fill_teacher_values",
+        "DISTILL_GUARD_INNER_CONVERT": "tests.integrations.relax_harness:relax_convert",
         "DISTILL_GUARD_ON_DEAD_TEACHER": on_dead,
         "DISTILL_GUARD_SAVE_FUNCTION": "tests.integrations.relax_harness:save_checkpoint",
         "DISTILL_GUARD_VERDICT_WAIT_S": "60",
@@ -466,7 +506,7 @@ def run(
             for p in ranks:
                 p.start()
             try:
-                rollout_side(line, gates, out, url, truth_url, steps)
+                rollout_side(line, gates, out, url, truth_url, steps, deferred)
             finally:
                 (out / "rollout_done").touch()
                 for p in ranks:

@@ -446,6 +446,55 @@ def test_healthy_run_is_silent_and_its_data_unchanged(relax_run, line):
     assert [r["params_sha"] for r in guarded["ranks"]] == [r["params_sha"] for r in plain["ranks"]]
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("on_dead", ["repair", "halt"])
+def test_deferred_opd_is_gated_where_it_publishes(relax_run, on_dead):
+    """The line whose teacher scores after the filter ran (``DeferredOpdSession.flush``): the
+    filter sees no teacher value, and the conversion gate catches every one."""
+    result = relax_run(line="studio", backup=False, on_dead=on_dead, deferred=True)
+    got = harness.totals(result)
+    assert got["poisoned_consumed"] == 0 and got["poisoned_updates"] == 0
+    if on_dead == "repair":
+        assert got["updates"] == harness.STEPS * harness.RANKS and got["queued_poisoned"] == 0
+    else:
+        assert got["updates"] == 0
+        assert all("before training rollout 0" in r["halted"] for r in result["ranks"])
+
+
+def test_deferred_opd_without_the_conversion_gate_is_refused_at_setup(relax_run):
+    with pytest.raises(relax.GuardSetupError, match="deferred OPD is on") as err:
+        relax_run(
+            line="studio", backup=False, deferred=True, gates=("filter", "train_step", "log")
+        )
+    assert harness.HOOKS + ".convert_samples_to_train_data" in str(err.value)
+
+
+def test_repair_that_cannot_re_score_the_selection_is_refused_at_setup(tmp_path):
+    with pytest.raises(relax.GuardSetupError, match="cannot re-score --opd-token-selection union"):
+        configure(tmp_path, args=args_for(opd_token_selection="union"), on_dead_teacher="repair")
+
+    class OldTeacher:  # a Teacher from before score_token_ids
+        def score(self, *a, **k):
+            raise AssertionError("never called")
+
+    args = args_for(opd_token_selection="student_topk")
+    with pytest.raises(relax.GuardSetupError, match="OldTeacher does not have"):
+        configure(tmp_path, args=args, teacher=OldTeacher(), on_dead_teacher="repair")
+    configure(tmp_path, args=args, teacher=OldTeacher(), on_dead_teacher="halt")  # halts instead
+
+
+def test_student_topk_rows_are_judged_entry_by_entry_not_by_a_top1_rule(tmp_path):
+    """Under student_topk a row holds the teacher's logprobs of the student's ids: low values
+    are normal there, and only a dead teacher puts every entry at −ln V."""
+    gate = configure(tmp_path, args=args_for(opd_token_selection="student_topk"))
+    low = torch.full((10, 4), -9.0) + torch.randn(10, 4)  # healthy, far from every top-1
+    s = Sample([1] * 16, 10, loss_mask=[1] * 10)
+    s.opd_topk_teacher_log_probs = low.tolist()
+    assert gate._dead(0, [s]) == []
+    s.opd_topk_teacher_log_probs = torch.full((10, 4), UNIFORM).tolist()
+    assert gate._dead(0, [s]) == [s]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_slime_and_miles_order_the_log_hook_before_conversion_so_it_alone_protects_nothing(

@@ -6,6 +6,7 @@ the data and the update can still be stopped, on both Relax lines (current redai
 redai-infra SDPO branch); nothing in Relax is patched::
 
     --dynamic-sampling-filter-path distill_guard.integrations.relax.dynamic_sampling_filter
+    --custom-convert-samples-to-train-data-path distill_guard.integrations.relax.convert_samples_to_train_data
     --custom-megatron-before-train-step-hook-path distill_guard.integrations.relax.before_train_step_hook
     --custom-rollout-log-function-path distill_guard.integrations.relax.rollout_log_function
     --custom-eval-rollout-log-function-path distill_guard.integrations.relax.eval_rollout_log_function
@@ -15,6 +16,9 @@ redai-infra SDPO branch); nothing in Relax is patched::
 - :func:`dynamic_sampling_filter` is the gate before the queue (:mod:`.gate`): every group is
   judged after teacher scoring, dead samples are masked (or re-scored after a verified repair),
   and the step's verdict is posted for the trainer.
+- :func:`convert_samples_to_train_data` is the gate where the values enter the queue: Relax's
+  conversion, on every path (the abort path under partial rollout, a deferred-OPD flush whose
+  teacher scores after the filter ran); it judges what no gate judged, then converts as Relax does.
 - :func:`before_train_step_hook` is the gate before the optimizer (:mod:`.trainer`): every
   trainer rank reads the verdict and trains, skips the update, or checkpoints and halts.
 - :func:`rollout_log_function` completes the step's verdict and adds ``guard/*`` metrics.
@@ -25,6 +29,7 @@ Settings: :mod:`.setup`. The launchers are in ``examples/relax/``.
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 import os
@@ -53,6 +58,7 @@ __all__ = [
     "TeacherCollapseFeedbackMixin",
     "before_train_step_hook",
     "configure",
+    "convert_samples_to_train_data",
     "dynamic_sampling_filter",
     "eval_rollout_log_function",
     "reset",
@@ -107,6 +113,30 @@ def dynamic_sampling_filter(args: Any, group: list[Any]) -> Any:
     _without_faults(gate, "filter", lambda: gate.filter_group(args, group))
     inner = _inner_filter()
     return inner(args, group) if inner is not None else True
+
+
+def convert_samples_to_train_data(args: Any, samples: list[Any]) -> Any:
+    """``--custom-convert-samples-to-train-data-path``: the gate where teacher values enter the
+    trainer's queue, on every path. Judges (masks, re-scores) what no gate judged yet, then
+    converts with ``DISTILL_GUARD_INNER_CONVERT`` if set, else with Relax's own conversion."""
+    gate = state(args)
+    flat = _flat(samples)
+    _without_faults(gate, "convert", lambda: gate.convert(args, flat))
+    path = os.environ.get("DISTILL_GUARD_INNER_CONVERT")
+    if path:
+        return load_function(path)(args, samples)
+    from relax.utils.utils import convert_samples_to_train_data as relax_convert
+
+    own = copy.copy(args)  # Relax's conversion, not this hook again
+    own.custom_convert_samples_to_train_data_path = None
+    return relax_convert(own, samples)
+
+
+def _flat(samples: Any) -> list[Any]:
+    out: list[Any] = []
+    for s in samples:
+        out.extend(_flat(s) if isinstance(s, (list, tuple)) else [s])
+    return out
 
 
 def rollout_log_function(

@@ -33,7 +33,8 @@ class TeacherCollapseFeedbackMixin:
     """Per-sample check in ``check_transfer_channels``. Keyword arguments, through
     ``--opd-feedback-kwargs``: ``guard_vocab_size`` (else ``DISTILL_GUARD_VOCAB_SIZE``, else
     inferred from the values), ``guard_atol``, ``guard_on_collapse`` (``mask``, the default, or
-    ``raise``)."""
+    ``raise``), ``guard_token_selection`` (``student_topk``, the one selection the SDPO
+    feedback accepts: the rows are the teacher's logprobs of the student's ids)."""
 
     def __init__(
         self,
@@ -41,6 +42,7 @@ class TeacherCollapseFeedbackMixin:
         guard_vocab_size: int | None = None,
         guard_atol: float = 1e-3,
         guard_on_collapse: str = "mask",
+        guard_token_selection: str = "student_topk",
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -52,6 +54,7 @@ class TeacherCollapseFeedbackMixin:
         self.guard_run = RunSpec(vocab_size=guard_vocab_size or (int(env_v) if env_v else None))
         self.guard_check = TeacherCollapseCheck(atol=guard_atol)
         self.guard_on_collapse = guard_on_collapse
+        self.guard_token_selection = guard_token_selection
         self.guard_collapsed = 0
 
     def check_transfer_channels(self, sample: Any, channels: Any, top_k: int) -> Any:
@@ -72,7 +75,10 @@ class TeacherCollapseFeedbackMixin:
             if values is None:
                 return None
             rows = fields.topk_rows(values, channels.get(fields.TOPK_LEN_FIELD))
-            scores = TeacherScores(getattr(sample, "index", 0) or 0, topk_logprobs=rows)
+            judged = fields.as_judged(fields.TeacherValues(None, rows), self.guard_token_selection)
+            scores = TeacherScores(
+                getattr(sample, "index", 0) or 0, topk_logprobs=rows, topk_own=judged.topk_own
+            )
             found = self.guard_check.on_teacher_scores(scores, self.guard_run)
         except Exception:  # noqa: BLE001 - the guard's own fault must not fail the sample
             log.exception("distill_guard: could not check a sample's teacher top-K")

@@ -27,6 +27,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 from distill_guard.checks import TeacherCollapseCheck
 from distill_guard.findings import Severity
 from distill_guard.guard import DistillGuard
@@ -34,6 +36,7 @@ from distill_guard.integrations.relax import samples as fields
 from distill_guard.integrations.relax.verdicts import StepVerdict, Verdict, VerdictChannel
 from distill_guard.observations import TeacherScores
 from distill_guard.policy import Action, Decision
+from distill_guard.teachers.per_row_ids import score_ids_per_row
 
 log = logging.getLogger("distill_guard")
 
@@ -113,6 +116,14 @@ class RelaxGate:
                 s, step, dead=any(s is d for d in dead), rescored=any(s is r for r in rescored)
             )
 
+    def convert(self, args: Any, samples: Sequence[Any]) -> None:
+        """At Relax's conversion, where every path puts teacher values into the queue (the
+        filter's groups, the abort path's, a deferred-OPD flush): judge every sample no gate
+        judged yet, as the filter would. The trainer's data is built from them right after."""
+        unjudged = [s for s in samples if fields.judgement(s) is None]
+        if unjudged:
+            self.filter_group(args, unjudged)
+
     def _wake(self, step: int, tally: StepVerdict) -> None:
         """The step's canary, against the fingerprint of the previous rollout's end."""
         if self.guard.colocated is None:
@@ -137,7 +148,7 @@ class RelaxGate:
         check = check or TeacherCollapseCheck()
         dead = []
         for s in group:
-            values = fields.teacher_values(s)
+            values = fields.teacher_values(s, self.token_selection)
             if values.empty:
                 continue
             if step in self._canary_failed or _judged_dead(check, step, values, self.guard):
@@ -148,8 +159,10 @@ class RelaxGate:
         """The guard's word on the dead samples (its policy: halt, or repair the teacher)."""
         if step in self._repaired:  # already repaired this step: these were scored before it
             return Decision(step, Action.REWAKE, repaired=True)
-        values = fields.stack(fields.teacher_values(s) for s in dead)
-        decision = self.guard.on_teacher_scores(step, values.token, values.topk)
+        values = fields.stack(fields.teacher_values(s, self.token_selection) for s in dead)
+        decision = self.guard.on_teacher_scores(
+            step, values.token, values.topk, topk_own=values.topk_own
+        )
         if decision.repaired:
             self._repaired.add(step)
         if not decision.acts and step in self._canary_failed:
@@ -161,46 +174,52 @@ class RelaxGate:
 
     def _rescore(self, step: int, dead: Sequence[Any]) -> list[Any]:
         """Score ``dead`` again with the repaired teacher and write the values back in place;
-        the samples that still fail (or cannot be re-scored) are returned, to be masked."""
+        the samples that still fail (or cannot be re-scored) are returned, to be masked.
+
+        ``student_sampled`` re-scores the sampled tokens; ``teacher_topk`` the teacher's own
+        top-K (its new ids replace the dead teacher's); ``student_topk`` the teacher's logprobs
+        of the student's own top-K ids, row by row (SGLang's ``token_ids_logprob``). ``union``
+        cannot be rebuilt (the sample keeps the merged ids, not the student's half): masked."""
         check = next((c for c in self.guard.checks if isinstance(c, TeacherCollapseCheck)), None)
         check = check or TeacherCollapseCheck()
-        topk_mode = self.token_selection == "teacher_topk"
         bad = []
         for s in dead:
-            if getattr(s, fields.TOPK_FIELD, None) is not None and not topk_mode:
-                bad.append(s)  # the student's ids: the Teacher protocol scores only its own top-k
+            topk = getattr(s, fields.TOPK_FIELD, None)
+            if topk is not None and self.token_selection not in ("teacher_topk", "student_topk"):
+                bad.append(s)
                 continue
             try:
-                ids, start = fields.teacher_inputs(s)
-                k = self.top_k if topk_mode else 0
-                res = self.teacher.score([ids], top_k=k, logprob_start_len=start)
+                self._rescore_one(s, topk is not None)
             except Exception as exc:  # noqa: BLE001 - the teacher failed again: mask, do not crash
                 log.error("distill_guard: re-scoring a sample failed: %s", exc)
                 bad.append(s)
                 continue
-            if getattr(s, fields.TOKEN_FIELD, None) is not None:
-                setattr(
-                    s,
-                    fields.TOKEN_FIELD,
-                    fields.like(getattr(s, fields.TOKEN_FIELD), res.token_logprobs[0]),
-                )
-            if k and res.topk_logprobs is not None:
-                setattr(
-                    s,
-                    fields.TOPK_FIELD,
-                    fields.like(getattr(s, fields.TOPK_FIELD), res.topk_logprobs[0]),
-                )
-                if getattr(s, fields.TOPK_IDS_FIELD, None) is not None:
-                    setattr(
-                        s,
-                        fields.TOPK_IDS_FIELD,
-                        fields.like(getattr(s, fields.TOPK_IDS_FIELD), res.topk_ids[0]),
-                    )
-            if _judged_dead(check, step, fields.teacher_values(s), self.guard):
+            if _judged_dead(
+                check, step, fields.teacher_values(s, self.token_selection), self.guard
+            ):
                 bad.append(s)
             else:
                 fields.unmask(s)  # masked earlier (the feedback gate): verified now, train on it
         return bad
+
+    def _rescore_one(self, s: Any, has_topk: bool) -> None:
+        ids, start = fields.teacher_inputs(s)
+        teacher_topk = has_topk and self.token_selection == "teacher_topk"
+        res = self.teacher.score(
+            [ids], top_k=self.top_k if teacher_topk else 0, logprob_start_len=start
+        )
+        rows = res.token_logprobs[0].shape[0]
+        if getattr(s, fields.TOKEN_FIELD, None) is not None:
+            fields.put(s, fields.TOKEN_FIELD, res.token_logprobs[0][-int(s.response_length) :])
+        if teacher_topk:
+            fields.put(s, fields.TOPK_FIELD, res.topk_logprobs[0][-int(s.response_length) :])
+            fields.put(s, fields.TOPK_IDS_FIELD, res.topk_ids[0][-int(s.response_length) :])
+        elif has_topk:  # student_topk: the student's ids, one set per row
+            row_ids = torch.as_tensor(fields.numeric(getattr(s, fields.TOPK_IDS_FIELD)))
+            row_ids = row_ids.to(torch.int64)
+            offset = rows - row_ids.shape[0]  # the response's rows are the last ones
+            values = score_ids_per_row(self.teacher, ids, start + offset, row_ids)
+            fields.put(s, fields.TOPK_FIELD, values)
 
     # ---------------------------------------------------------------- per step
 
@@ -304,7 +323,7 @@ class RelaxGate:
 def _judged_dead(
     check: TeacherCollapseCheck, step: int, values: fields.TeacherValues, guard: DistillGuard
 ) -> bool:
-    scores = TeacherScores(step, values.token, values.topk)
+    scores = TeacherScores(step, values.token, values.topk, topk_own=values.topk_own)
     return any(f.severity is Severity.CRITICAL for f in check.on_teacher_scores(scores, guard.run))
 
 

@@ -8,6 +8,7 @@ teacher input ``teacher_tokens`` + ``response_length``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -34,6 +35,8 @@ class TeacherValues:
 
     token: torch.Tensor | None
     topk: torch.Tensor | None
+    topk_own: bool = True
+    """Whether the top-K rows are the teacher's own top-K (:func:`as_judged`)."""
 
     @property
     def empty(self) -> bool:
@@ -87,8 +90,21 @@ def token_mask(sample: Any) -> torch.Tensor | None:
     return torch.as_tensor(numeric(m)).reshape(-1) > 0
 
 
-def teacher_values(sample: Any) -> TeacherValues:
-    """The sample's teacher values at the positions its loss mask keeps."""
+def as_judged(values: TeacherValues, selection: str) -> TeacherValues:
+    """The values as the teacher checks must read them. Under ``student_topk`` a top-K row is
+    the teacher's logprobs of the *student's* ids, not its own top-K: a dead teacher still puts
+    every entry at −ln V, but the row's best entry is no teacher top-1 (``topk_own``).
+    ``teacher_topk`` and ``union`` rows hold the teacher's own top-K."""
+    return dataclasses.replace(values, topk_own=selection != "student_topk")
+
+
+def teacher_values(sample: Any, selection: str = "student_sampled") -> TeacherValues:
+    """The sample's teacher values at the positions its loss mask keeps, as the checks read
+    them under ``--opd-token-selection selection`` (:func:`as_judged`)."""
+    return as_judged(_raw_values(sample), selection)
+
+
+def _raw_values(sample: Any) -> TeacherValues:
     mask = token_mask(sample)
     token = getattr(sample, TOKEN_FIELD, None)
     t = None
@@ -107,6 +123,7 @@ def teacher_values(sample: Any) -> TeacherValues:
 
 def stack(values: Iterable[TeacherValues]) -> TeacherValues:
     """Several samples' values as one batch (top-K rows padded to the widest K with −inf)."""
+    values = list(values)
     tokens = [v.token for v in values if v.token is not None]
     tops = [v.topk for v in values if v.topk is not None and v.topk.numel()]
     topk = None
@@ -115,7 +132,8 @@ def stack(values: Iterable[TeacherValues]) -> TeacherValues:
         topk = torch.cat(
             [torch.nn.functional.pad(r, (0, k - r.shape[1]), value=-math.inf) for r in tops]
         )
-    return TeacherValues(torch.cat(tokens) if tokens else None, topk)
+    own = all(v.topk_own for v in values)
+    return TeacherValues(torch.cat(tokens) if tokens else None, topk, own)
 
 
 def mask_out(samples: Iterable[Any]) -> int:
@@ -205,6 +223,12 @@ def like(original: Any, values: torch.Tensor) -> Any:
     if type(original).__module__ == "numpy" and hasattr(original, "dtype"):
         return values.cpu().numpy().astype(original.dtype, copy=False)
     return values.tolist()
+
+
+def put(sample: Any, name: str, values: torch.Tensor) -> None:
+    """Write ``values`` into the sample's field ``name``, in the container type it has."""
+    original = getattr(sample, name, None)
+    setattr(sample, name, like(original, values) if original is not None else values.tolist())
 
 
 def truncated_ratio(samples: Sequence[Any]) -> float | None:

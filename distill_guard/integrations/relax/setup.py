@@ -52,6 +52,10 @@ GATE_FLAGS = {
         f"{HOOKS}.before_train_step_hook",
     ),
     "log": ("custom_rollout_log_function_path", f"{HOOKS}.rollout_log_function"),
+    "convert": (
+        "custom_convert_samples_to_train_data_path",
+        f"{HOOKS}.convert_samples_to_train_data",
+    ),
     "post_process": ("custom_reward_post_process_path", f"{HOOKS}.reward_post_process"),
     "feedback": ("opd_feedback_class", None),
 }
@@ -140,6 +144,11 @@ def configure(
         if args is not None
         else sorted(expected)
     )
+    unprotected = blind_spots(args, active, on_dead, teacher)
+    if unprotected:
+        g.events.write("setup_refused", problems=unprotected)
+        g.close()
+        raise GuardSetupError("distill_guard refuses this run: " + "; ".join(unprotected) + ".")
     try:
         board = verdict_channel(g.events.path)
         announcement = Announcement(
@@ -187,6 +196,56 @@ def _max_skipped(given: int | None) -> int:
             f"DISTILL_GUARD_MAX_SKIPPED_STEPS must be a whole number >= 1, got {raw!r}"
         )
     return value
+
+
+CONVERT_FLAG = "--custom-convert-samples-to-train-data-path " + GATE_FLAGS["convert"][1]
+
+
+def blind_spots(args: Any, active: Sequence[str], on_dead: str, teacher: Any) -> list[str]:
+    """Ways teacher values could reach the trainer that the wired gates cannot see or repair,
+    one line each, read from Relax's arguments (``docs/relax.md`` §3.3)."""
+    if args is None:
+        return []
+    problems = []
+    if deferred_scoring(args) and "convert" not in active:
+        problems.append(
+            "deferred OPD is on (a managed teacher shares the rollout GPUs, or "
+            "--opd-teacher-defer): the teacher scores each batch after the dynamic sampling "
+            "filter ran, so the filter never sees its values. Wire the conversion gate: "
+            + CONVERT_FLAG
+        )
+    selection = str(getattr(args, "opd_token_selection", None) or "student_sampled")
+    if on_dead == "repair" and selection == "union":
+        problems.append(
+            "repair mode cannot re-score --opd-token-selection union: the sample keeps the merged "
+            "ids, not the student's half, so a repaired teacher cannot rebuild the union. Use "
+            "DISTILL_GUARD_ON_DEAD_TEACHER=halt, or student_topk"
+        )
+    if (
+        on_dead == "repair"
+        and selection == "student_topk"
+        and teacher is not None
+        and not callable(getattr(teacher, "score_token_ids", None))
+    ):
+        problems.append(
+            f"repair mode re-scores the student's top-K ids with the teacher's score_token_ids "
+            f"(SGLang's token_ids_logprob), which {type(teacher).__name__} does not have. Use "
+            "DISTILL_GUARD_ON_DEAD_TEACHER=halt"
+        )
+    return problems
+
+
+def deferred_scoring(args: Any) -> bool:
+    """Whether Relax scores the teacher after the dynamic sampling filter: the explicit
+    ``--opd-teacher-defer`` of one line, or, on the current line, Relax's own
+    ``deferred_opd_active(args)`` (a managed teacher sharing the rollout GPU bundles)."""
+    if getattr(args, "opd_teacher_defer", False):
+        return True
+    try:
+        from relax.engine.rollout.deferred_opd import deferred_opd_active
+    except ImportError:  # no Relax here, or a line without deferred OPD
+        return False
+    return bool(deferred_opd_active(args))
 
 
 def _env_gates() -> tuple[str, ...]:

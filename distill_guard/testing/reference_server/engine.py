@@ -164,6 +164,12 @@ class ReferenceServer:
 
     def _forward(self, p: scoring.Plan) -> list[dict[str, Any]]:
         self._forward_guard("a /generate", self.teacher.sleep_state.released)
+        outside = p.ids_outside(self.teacher.vocab_size)
+        if outside:
+            raise self.fatal(
+                f"a /generate asked token_ids_logprob for id {outside[0]}, past the vocabulary "
+                f"({self.teacher.vocab_size}): device-side assert, index out of bounds"
+            )
         return scoring.forward(self.teacher, p)
 
     @property

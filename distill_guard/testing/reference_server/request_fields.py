@@ -49,6 +49,30 @@ def scoring_fields(body: dict[str, Any], n: int) -> tuple[list[Any], list[int], 
     return want_lp, starts, topks
 
 
+def token_ids_fields(body: dict[str, Any], n: int) -> list[list[int] | None]:
+    """Per item: the ``token_ids_logprob`` ids, normalized as ``GenerateReqInput`` does (absent
+    or empty: none; one id: that id for each item; a list of ids: the same list for each item;
+    a list of lists: one per item)."""
+    raw = body.get("token_ids_logprob")
+    if not raw:
+        return [None] * n
+    if not isinstance(raw, list):
+        raw = [raw]
+    if not isinstance(raw[0], list):
+        raw = [list(raw) for _ in range(n)]
+    if len(raw) != n:
+        raise ContractError(f"token_ids_logprob has {len(raw)} lists for {n} inputs")
+    out: list[list[int] | None] = []
+    for ids in raw:
+        if ids is not None and (
+            not isinstance(ids, list)
+            or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids)
+        ):
+            raise ContractError(f"invalid type: {serde_type_name(ids)}, expected a list of ints")
+        out.append(list(ids) if ids else None)
+    return out
+
+
 def check_temperature(value: Any) -> None:
     """``sampling_params.temperature`` checked as SGLang checks it, and otherwise ignored.
 

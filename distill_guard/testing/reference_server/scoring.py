@@ -13,7 +13,11 @@ import torch
 from distill_guard.teachers._sglang_wire import build_score_item, json_safe
 from distill_guard.teachers.base import TeacherError
 from distill_guard.teachers.torch_teacher import TorchTeacher
-from distill_guard.testing.reference_server.request_fields import input_batch, scoring_fields
+from distill_guard.testing.reference_server.request_fields import (
+    input_batch,
+    scoring_fields,
+    token_ids_fields,
+)
 
 ABORTED = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
 """``FINISH_ABORT().to_json()``: a running request aborted by a pause, after its last forward
@@ -29,8 +33,17 @@ class Plan:
     want_lp: list[Any]
     topks: list[int]
     items: list[dict[str, Any] | None]
-    groups: dict[tuple[int, int], list[int]] = field(default_factory=dict)
-    """``(logprob_start_len, top_k)`` → the items scored together."""
+    token_ids: list[list[int] | None] = field(default_factory=list)
+    """Per item, the ``token_ids_logprob`` ids (None: not asked)."""
+    groups: dict[tuple[int, int, tuple[int, ...] | None], list[int]] = field(default_factory=dict)
+    """``(logprob_start_len, top_k, token ids)`` → the items scored together."""
+
+    def ids_outside(self, vocab: int | None) -> list[int]:
+        """Asked ids at or past the vocabulary: SGLang indexes its logprobs with them unchecked,
+        which on a GPU is a device-side assert (negative ids wrap around, silently)."""
+        if vocab is None:
+            return []
+        return [t for ids in self.token_ids if ids for t in ids if t >= vocab]
 
 
 def plan(body: Any, *, vocab: int | None, context_len: int) -> Plan:
@@ -38,7 +51,8 @@ def plan(body: Any, *, vocab: int | None, context_len: int) -> Plan:
     batch, single = input_batch(body)
     check_lengths_and_ids(batch, vocab=vocab, context_len=context_len)
     want_lp, starts, topks = scoring_fields(body, len(batch))
-    p = Plan(batch, single, want_lp, topks, [None] * len(batch))
+    asked = token_ids_fields(body, len(batch))
+    p = Plan(batch, single, want_lp, topks, [None] * len(batch), asked)
     for i, seq in enumerate(batch):
         start = len(seq) if (starts[i] is None or starts[i] == -1) else int(starts[i])
         if start > len(seq):
@@ -50,7 +64,8 @@ def plan(body: Any, *, vocab: int | None, context_len: int) -> Plan:
         elif start == len(seq):
             p.items[i] = build_score_item(seq, _empty(), None, None, start)
         else:
-            p.groups.setdefault((start, int(topks[i])), []).append(i)
+            key = (start, int(topks[i]), tuple(asked[i]) if asked[i] else None)
+            p.groups.setdefault(key, []).append(i)
     return p
 
 
@@ -58,8 +73,13 @@ def forward(teacher: TorchTeacher, p: Plan) -> list[dict[str, Any]]:
     """The request's one forward: every group scored, the items as SGLang shapes them."""
     t0 = time.perf_counter()
     items = list(p.items)
-    for (start, k), idx in p.groups.items():
-        res = teacher.score([p.batch[i] for i in idx], top_k=k, logprob_start_len=start)
+    for (start, k, asked), idx in p.groups.items():
+        seqs = [p.batch[i] for i in idx]
+        res = teacher.score(seqs, top_k=k, logprob_start_len=start)
+        by_ids = None
+        if asked is not None:  # negative ids index from the end, as torch indexing does
+            wrapped = [t % (teacher.vocab_size or 1) for t in asked]
+            by_ids = teacher.score_token_ids(seqs, [wrapped] * len(seqs), logprob_start_len=start)
         for j, i in enumerate(idx):
             items[i] = build_score_item(
                 p.batch[i],
@@ -68,6 +88,8 @@ def forward(teacher: TorchTeacher, p: Plan) -> list[dict[str, Any]]:
                 res.topk_ids[j] if res.topk_ids else None,
                 start,
                 latency_s=time.perf_counter() - t0,
+                token_ids=asked,
+                token_ids_logprobs=by_ids.token_ids_logprobs[j] if by_ids else None,
             )
     return [item for item in items if item is not None]
 

@@ -1,0 +1,98 @@
+"""SGLang's ``token_ids_logprob``: the logprob of given ids at every scored position, as the
+HTTP client, the in-process teacher and the reference server each give it, and the ids SGLang
+would die on (past the vocabulary) never sent."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import torch
+
+from distill_guard.errors import GuardValueError
+from distill_guard.teachers import SGLangHTTPTeacher, TorchTeacher
+
+from .test_sglang_http import assert_gone
+
+SEQS = [list(range(3, 30)), [5, 9, 2, 2, 2, 2, 41]]
+IDS = [[7, 3, 7, 511], [0, 11]]  # a repeat, and the last id of the vocabulary
+
+
+@pytest.mark.parametrize("start", [0, 4])
+def test_given_ids_are_scored_over_http_as_in_process(tiny_dir, serve, start) -> None:
+    url, _ = serve(tiny_dir)
+    local = TorchTeacher.from_pretrained(tiny_dir)
+    want = local.score_token_ids(SEQS, IDS, logprob_start_len=start)
+    full = local.score(SEQS, logprob_start_len=start)
+    with SGLangHTTPTeacher(url) as remote:
+        got = remote.score_token_ids(SEQS, IDS, logprob_start_len=start)
+    for seq, ids, a, b, tok in zip(
+        SEQS, IDS, got.token_ids_logprobs, want.token_ids_logprobs, full.token_logprobs
+    ):
+        assert a.shape == (len(seq) - start - 1, len(ids))
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    assert torch.equal(got.token_ids_logprobs[0][:, 0], got.token_ids_logprobs[0][:, 2])  # repeats
+    for a, b in zip(got.token_logprobs, full.token_logprobs):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+def test_the_wire_shape_is_sglangs(tiny_dir, serve) -> None:
+    url, _ = serve(tiny_dir)
+    body = {"input_ids": [1, 2, 3, 4], "sampling_params": {"max_new_tokens": 0},
+            "return_logprob": True, "logprob_start_len": 1, "token_ids_logprob": [9, 4]}  # fmt: skip
+    meta = httpx.post(url + "/generate", json=body).json()["meta_info"]
+    rows = meta["input_token_ids_logprobs"]
+    assert rows[0] is None and len(rows) == len(meta["input_token_logprobs"]) == 3
+    assert [[e[1] for e in row] for row in rows[1:]] == [[9, 4], [9, 4]]
+
+
+def test_an_id_past_the_vocabulary_is_refused_before_it_is_sent(tiny_dir, serve) -> None:
+    url, _ = serve(tiny_dir)
+    with SGLangHTTPTeacher(url) as remote:
+        for bad, why in (
+            ([[512]], "outside the vocabulary"),
+            ([[-1]], "outside"),
+            ([[]], "non-empty"),
+        ):
+            with pytest.raises(GuardValueError, match=why):
+                remote.score_token_ids(SEQS[:1], bad)
+        with pytest.raises(GuardValueError, match="one each"):
+            remote.score_token_ids(SEQS, [[1]])
+        remote.score(SEQS)  # nothing was sent: the server still serves
+
+
+def test_a_raw_id_past_the_vocabulary_kills_the_reference_server(tiny_dir, serve) -> None:
+    """SGLang indexes its logprobs with the ids unchecked: a device-side assert on a GPU."""
+    url, _ = serve(tiny_dir)
+    body = {"input_ids": [1, 2, 3, 4], "sampling_params": {"max_new_tokens": 0},
+            "return_logprob": True, "token_ids_logprob": [512]}  # fmt: skip
+    assert httpx.post(url + "/generate", json=body).status_code == 500
+    assert_gone(url)
+
+
+def test_a_raw_negative_id_is_read_as_torch_indexing_reads_it(tiny_dir, serve) -> None:
+    """A negative id is no error in SGLang: it indexes from the end of the vocabulary."""
+    url, _ = serve(tiny_dir)
+    body = {"input_ids": [1, 2, 3, 4], "sampling_params": {"max_new_tokens": 0},
+            "return_logprob": True, "logprob_start_len": 0, "token_ids_logprob": [-1, 511]}  # fmt: skip
+    rows = httpx.post(url + "/generate", json=body).json()["meta_info"]["input_token_ids_logprobs"]
+    assert all(row[0][0] == row[1][0] and row[0][1] == -1 for row in rows[1:])
+
+
+def test_a_different_set_of_ids_per_row_is_scored_in_windows(tiny_dir, serve) -> None:
+    from distill_guard.teachers.per_row_ids import score_ids_per_row
+
+    url, _ = serve(tiny_dir)
+    local = TorchTeacher.from_pretrained(tiny_dir)
+    seq, start = SEQS[0], 5
+    rows = len(seq) - start - 1
+    row_ids = torch.randint(0, 512, (rows, 4), generator=torch.Generator().manual_seed(0))
+    logp = torch.log_softmax(
+        local.model(input_ids=torch.tensor([seq])).logits[0, start:-1].float(), -1
+    ).detach()
+    want = logp.gather(1, row_ids)
+    with SGLangHTTPTeacher(url) as remote:
+        for budget in (8, 40, 1 << 16):  # one row a window, a few rows, all rows at once
+            got = score_ids_per_row(remote, seq, start, row_ids, max_entries=budget)
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    with pytest.raises(GuardValueError, match=r"must be \[21, K\]"):
+        score_ids_per_row(local, seq, start, row_ids[1:])
