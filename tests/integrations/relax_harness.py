@@ -238,7 +238,7 @@ def rollout_side(
         groups = make_samples(step, line)
         flat = [s for g in groups for s in g]
 
-        def teacher_scoring() -> None:  # stages 3 and 4
+        def teacher_scoring(flat: list[Sample] = flat) -> None:  # stages 3 and 4
             for s in flat:
                 channels = score(opd_teacher, s, line)
                 if feedback is not None:

@@ -463,9 +463,7 @@ def test_deferred_opd_is_gated_where_it_publishes(relax_run, on_dead):
 
 def test_deferred_opd_without_the_conversion_gate_is_refused_at_setup(relax_run):
     with pytest.raises(relax.GuardSetupError, match="deferred OPD is on") as err:
-        relax_run(
-            line="studio", backup=False, deferred=True, gates=("filter", "train_step", "log")
-        )
+        relax_run(line="studio", backup=False, deferred=True, gates=("filter", "train_step", "log"))
     assert harness.HOOKS + ".convert_samples_to_train_data" in str(err.value)
 
 
