@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import json
 import math
 import os
 import time
@@ -375,6 +376,43 @@ def test_trainer_gate_reads_the_verdict_and_halts_after_a_checkpoint(tmp_path):
     with pytest.raises(relax.GuardHalt, match="no complete verdict for rollout 3"):
         gate.before_step(None, 3, None, Optimizer(), None)  # the rollout side never finished it
     assert saved == [0, 3]
+
+
+def test_the_halt_checkpoint_goes_through_the_train_actors_save_model(tmp_path, monkeypatch):
+    """The hook is handed no actor; the halt checkpoint is taken by the ``save_model`` of the
+    actor whose ``train`` runs the step (rotation, async finalize, barrier, save_hf)."""
+    from distill_guard.integrations.relax import trainer as trainer_mod
+
+    calls = []
+
+    class MegatronTrainRayActor:  # Relax's train actor, reduced to what the halt touches
+        args = Namespace()
+
+        def save_model(self, rollout_id, force_sync=False):
+            calls.append((rollout_id, force_sync))
+
+        def train(self, gate):  # -> model.train -> train_one_step -> the hook
+            return gate.before_step(None, 4, None, Optimizer(), None)
+
+    board = FileBoard(tmp_path / "v")
+    gate = TrainerGate(
+        board, EventLog(tmp_path / "e.jsonl"), save=trainer_mod.relax_save, wait_s=0.1
+    )
+    with pytest.raises(relax.GuardHalt):
+        MegatronTrainRayActor().train(gate)
+    assert calls == [(4, True)]
+    rows = [json.loads(line) for line in (tmp_path / "e.jsonl").read_text().splitlines()]
+    assert {"kind": "checkpoint", "via": "MegatronTrainRayActor.save_model"}.items() <= next(
+        r for r in rows if r["kind"] == "checkpoint"
+    ).items()
+    # no actor in reach and no Relax installed: the halt still happens, the failure is said
+    gate = TrainerGate(
+        board, EventLog(tmp_path / "f.jsonl"), save=trainer_mod.relax_save, wait_s=0.1
+    )
+    with pytest.raises(relax.GuardHalt):
+        gate.before_step(None, 5, None, Optimizer(), None)
+    failed = [json.loads(line) for line in (tmp_path / "f.jsonl").read_text().splitlines()]
+    assert any(r["kind"] == "checkpoint_failed" and "relax" in r["error"] for r in failed)
 
 
 # ---------------------------------------------------------------------------------- Relax's step order

@@ -11,14 +11,15 @@ verdict the rollout side posted for ``rollout_id`` on the run's verdict channel
 - ``skip``: this update is not taken: the optimizer's next ``step()`` only zeroes the gradients
   and reports success (Megatron's ``(update_successful, grad_norm, num_zeros)``), and the
   learning-rate schedule does not advance; zero gradients alone would still move Adam's weights;
-- ``halt``: every rank saves a checkpoint through Relax's own save (``model.save(iteration,
-  model, optimizer, opt_param_scheduler)``), the reason goes to the event file, and every rank
-  raises :class:`GuardHalt` at the same step. The rollout service is not crashed.
+- ``halt``: every rank saves a checkpoint through Relax's own ``save_model`` (:func:`relax_save`),
+  the reason goes to the event file, and every rank raises :class:`GuardHalt` at the same step.
+  The rollout service is not crashed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import os
 from collections.abc import Callable
@@ -39,16 +40,44 @@ from distill_guard.integrations.relax.verdicts import (
 
 log = logging.getLogger("distill_guard")
 
-SaveFunction = Callable[[Any, int, Any, Any, Any], None]
-"""``save(args, rollout_id, model, optimizer, opt_param_scheduler)``."""
+SaveFunction = Callable[[Any, int, Any, Any, Any], Any]
+"""``save(args, rollout_id, model, optimizer, opt_param_scheduler)``; what it returns (a
+string: which save ran) goes to the ``checkpoint`` event."""
 
 
-def relax_save(args: Any, rollout_id: int, model: Any, optimizer: Any, scheduler: Any) -> None:
-    """Relax's own checkpoint: ``relax.backends.megatron.model.save`` (Megatron's
-    ``save_checkpoint`` underneath), a collective every trainer rank calls."""
+def relax_save(args: Any, rollout_id: int, model: Any, optimizer: Any, scheduler: Any) -> str:
+    """Relax's own checkpoint, the way its train loop takes one: the train actor's
+    ``save_model(rollout_id, force_sync=True)`` (finalize an async save, rotate checkpoints on
+    rank 0, barrier, ``save``, ``save_hf``; ``docs/relax.md`` §3.4), a collective every trainer
+    rank calls. The hook is handed no actor: it is the ``self`` of the frame that called
+    ``train`` (``MegatronTrainRayActor.train``). Where none is in reach, Megatron's ``save``
+    alone (``relax.backends.megatron.model.save``). Returns which one ran."""
+    actor = train_actor()
+    if actor is not None:
+        actor.save_model(rollout_id, force_sync=True)
+        return f"{type(actor).__name__}.save_model"
     from relax.backends.megatron.model import save
 
     save(rollout_id, model, optimizer, scheduler)
+    return (
+        "relax.backends.megatron.model.save (no train actor with save_model was in reach: "
+        "checkpoint rotation, the async-save finalize and save_hf were not run)"
+    )
+
+
+def train_actor() -> Any:
+    """The object whose method is running this training step and that has Relax's
+    ``save_model``: the nearest ``self`` up the call stack with ``save_model`` and ``args``."""
+    frame = inspect.currentframe()
+    try:
+        while frame is not None:
+            owner = frame.f_locals.get("self")
+            if callable(getattr(owner, "save_model", None)) and hasattr(owner, "args"):
+                return owner
+            frame = frame.f_back
+    finally:
+        del frame
+    return None
 
 
 def load_function(path: str) -> Callable[..., Any]:
@@ -191,14 +220,16 @@ class TrainerGate:
         self, args: Any, rollout_id: int, model: Any, optimizer: Any, scheduler: Any, why: str
     ) -> None:
         try:
-            self.save(args, rollout_id, model, optimizer, scheduler)
+            via = self.save(args, rollout_id, model, optimizer, scheduler)
         except Exception as exc:  # noqa: BLE001 - halt anyway, and say the checkpoint failed
             log.exception("distill_guard: the halt checkpoint failed")
             self.events.write(
                 "checkpoint_failed", step=rollout_id, error=f"{type(exc).__name__}: {exc}"
             )
         else:
-            self.events.write("checkpoint", step=rollout_id)
+            self.events.write(
+                "checkpoint", step=rollout_id, via=via if isinstance(via, str) else None
+            )
         message = f"distill_guard halted the run before training rollout {rollout_id}: {why}"
         self.events.write("halt", step=rollout_id, stage="before_train_step", message=message)
         self.events.close()
