@@ -257,6 +257,22 @@ FACTS: tuple[Fact, ...] = (
         "on an H200: an illegal memory access that poisons the context",
     ),
     Fact(
+        "token_ids_logprob",
+        "`/generate` and `Engine.generate` answer `token_ids_logprob` (one id list per input) "
+        "as `input_token_ids_logprobs`, laid out as `input_top_logprobs`",
+        ((_v("0.4.7"), True),),
+        "0.4.7 `io_struct.py:80`, `:352-360`, 0.5.23 `:237`, `:809-822` (`GenerateReqInput`); "
+        "0.5.23 `scheduler_components/logprob_result_processor.py:116-150` (entry 0 `None`, "
+        "the sampling row popped); `entrypoints/engine.py` `generate(token_ids_logprob=)`",
+    ),
+    Fact(
+        "fatal_token_id_past_vocab",
+        "a `token_ids_logprob` id at or past the vocabulary (a negative one wraps around)",
+        ((_v("0.4.7"), Outcome.KILLS),),
+        "0.5.23 `layers/logprob_processor.py:184-187`: `logprobs[pt : pt + pruned_len, "
+        "token_ids_tensor]`, unchecked (on a GPU a device-side assert)",
+    ),
+    Fact(
         "engine_pause",
         "in-process `sglang.Engine` has a pause or a checksum",
         ((_v("0.4.7"), False),),

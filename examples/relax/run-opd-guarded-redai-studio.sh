@@ -31,8 +31,9 @@
 #   --custom-config-path (TEACHER_CPU_BACKUP=0 only, above).
 #   --save "$SAVE_DIR" --save-interval "$SAVE_INTERVAL" (default 50): the guard's halt checkpoints
 #     every trainer rank through Relax's own save, which writes to --save; the recipe saves nothing.
-#   --dynamic-sampling-filter-path, --custom-megatron-before-train-step-hook-path,
-#   --custom-rollout-log-function-path, --custom-eval-rollout-log-function-path: the guard's hooks.
+#   --dynamic-sampling-filter-path, --custom-convert-samples-to-train-data-path,
+#   --custom-megatron-before-train-step-hook-path, --custom-rollout-log-function-path,
+#   --custom-eval-rollout-log-function-path: the guard's hooks.
 #   changed --wandb-project: relax-opd instead of relax-sdpo, as this is an OPD run (the default
 #     --wandb-group and experiment name say opd- too).
 # Not flags: MODEL_ARGS come from $RELAX_DIR/scripts/models/qwen3-8B.sh (not in redai-studio's stored
@@ -200,10 +201,11 @@ WANDB_ARGS=(
 )
 
 # ---- distill_guard -------------------------------------------------------------------------------
-guard_env filter,train_step,log
+guard_env filter,convert,train_step,log
 HOOKS=distill_guard.integrations.relax
 GUARD_ARGS=(
   --dynamic-sampling-filter-path "${HOOKS}.dynamic_sampling_filter"
+  --custom-convert-samples-to-train-data-path "${HOOKS}.convert_samples_to_train_data"
   --custom-megatron-before-train-step-hook-path "${HOOKS}.before_train_step_hook"
   --custom-rollout-log-function-path "${HOOKS}.rollout_log_function"
   --custom-eval-rollout-log-function-path "${HOOKS}.eval_rollout_log_function"

@@ -24,8 +24,9 @@
 #   --opd-feedback-kwargs: the guarded feedback class's settings (above).
 #   --save "$SAVE_DIR" --save-interval "$SAVE_INTERVAL" (default 50): the guard's halt checkpoints
 #     every trainer rank through Relax's own save, which writes to --save; the recipe saves nothing.
-#   --dynamic-sampling-filter-path, --custom-megatron-before-train-step-hook-path,
-#   --custom-rollout-log-function-path, --custom-eval-rollout-log-function-path: the guard's hooks.
+#   --dynamic-sampling-filter-path, --custom-convert-samples-to-train-data-path,
+#   --custom-megatron-before-train-step-hook-path, --custom-rollout-log-function-path,
+#   --custom-eval-rollout-log-function-path: the guard's hooks.
 # Not flags: MODEL_ARGS come from $RELAX_DIR/scripts/models/qwen3-8B.sh and the recipe's
 # examples/on_policy_distillation/sdpo/env.sh is sourced when present, as the recipe does (under
 # DRY_RUN without a checkout, stand-in Qwen3-8B flags are printed: see guard-common.sh). DRY_RUN
@@ -186,10 +187,11 @@ WANDB_ARGS=(
 )
 
 # ---- distill_guard -------------------------------------------------------------------------------
-guard_env filter,train_step,log,feedback
+guard_env filter,convert,train_step,log,feedback
 HOOKS=distill_guard.integrations.relax
 GUARD_ARGS=(
   --dynamic-sampling-filter-path "${HOOKS}.dynamic_sampling_filter"
+  --custom-convert-samples-to-train-data-path "${HOOKS}.convert_samples_to_train_data"
   --custom-megatron-before-train-step-hook-path "${HOOKS}.before_train_step_hook"
   --custom-rollout-log-function-path "${HOOKS}.rollout_log_function"
   --custom-eval-rollout-log-function-path "${HOOKS}.eval_rollout_log_function"

@@ -30,6 +30,7 @@ ENTRY = ["python", "-m", "relax.entrypoints.train"]
 HOOKS = "distill_guard.integrations.relax"
 GUARD_FLAGS = {
     "--dynamic-sampling-filter-path": f"{HOOKS}.dynamic_sampling_filter",
+    "--custom-convert-samples-to-train-data-path": f"{HOOKS}.convert_samples_to_train_data",
     "--custom-megatron-before-train-step-hook-path": f"{HOOKS}.before_train_step_hook",
     "--custom-rollout-log-function-path": f"{HOOKS}.rollout_log_function",
     "--custom-eval-rollout-log-function-path": f"{HOOKS}.eval_rollout_log_function",
@@ -52,13 +53,13 @@ SDPO = Line(
     "run-sciknoweval-biology-4xgpu-colocate-guarded.sh",
     "redai-infra-Relax-6bc26c5.txt",
     ("sglang-0.5.9.txt", "sglang-0.5.17.txt"),
-    "filter,train_step,log,feedback",
+    "filter,convert,train_step,log,feedback",
 )
 CURRENT = Line(
     "run-opd-guarded-redai-studio.sh",
     "redai-studio-Relax-02bf712a.txt",
     ("sglang-0.5.17.txt",),
-    "filter,train_step,log",
+    "filter,convert,train_step,log",
 )
 LINES = {"sdpo": SDPO, "current": CURRENT}
 TABLES = [(name, sglang) for name, line in LINES.items() for sglang in line.sglang]

@@ -599,6 +599,31 @@ def test_fatal_forward_released(serve, version, tags, call) -> None:
     assert_gone(s)
 
 
+@pytest.mark.parametrize("version", representatives("token_ids_logprob"))
+def test_token_ids_logprob(serve, version) -> None:
+    """Given ids are answered at every scored position, in the order asked, entry 0 null."""
+    s = serve(version)
+    assert row("token_ids_logprob", version) is True
+    body = {**SCORE, "logprob_start_len": 1, "token_ids_logprob": [[9, 4, 9]]}
+    meta = s.post("/generate", body).json()["meta_info"]
+    rows = meta["input_token_ids_logprobs"]
+    assert rows[0] is None and len(rows) == len(meta["input_token_logprobs"])
+    assert all([e[1] for e in r] == [9, 4, 9] and r[0][0] == r[2][0] for r in rows[1:])
+
+
+@pytest.mark.parametrize("version", representatives("fatal_token_id_past_vocab"))
+def test_fatal_token_id_past_vocab(serve, version) -> None:
+    """An id past the vocabulary kills (unchecked indexing); a negative one wraps around."""
+    s = serve(version)
+    vocab = s.teacher.vocab_size
+    wrapped = s.post("/generate", {**SCORE, "token_ids_logprob": [[-1, vocab - 1]]}).json()
+    assert all(r[0][0] == r[1][0] for r in wrapped["meta_info"]["input_token_ids_logprobs"][1:])
+    assert row("fatal_token_id_past_vocab", version) is Outcome.KILLS
+    r = s.post("/generate", {**SCORE, "token_ids_logprob": [[vocab]]})
+    assert_killed(r, "past the vocabulary")
+    assert_gone(s)
+
+
 @pytest.mark.parametrize("version", representatives("engine_pause", where=lambda c: c.checksum))
 def test_engine_pause(serve, version) -> None:
     """The in-process ``sglang.Engine`` has no pause and no checksum; the reference server is
@@ -628,6 +653,8 @@ ROW_TESTS = {
     "fatal_resume_unreleased": test_fatal_resume_unreleased,
     "fatal_second_release": test_fatal_second_release,
     "fatal_forward_released": test_fatal_forward_released,
+    "token_ids_logprob": test_token_ids_logprob,
+    "fatal_token_id_past_vocab": test_fatal_token_id_past_vocab,
     "engine_pause": test_engine_pause,
 }
 
