@@ -21,6 +21,7 @@ from distill_guard.integrations.relax.verdicts import (
     Announcement,
     Reading,
     StepVerdict,
+    VerdictPostFailed,
     VerdictUnreadable,
 )
 
@@ -107,13 +108,13 @@ class RayBoard:
 
     def post(self, verdict: StepVerdict) -> None:
         if self._actor is None:
-            raise OSError(f"{self.where}: the rollout side never announced itself on it")
+            raise VerdictPostFailed(f"{self.where}: the rollout side never announced itself on it")
         posted = self._actor.post.remote(verdict.to_dict())  # posts arrive in order
         if verdict.complete:  # the one the trainer waits for: make sure it landed
             try:
                 _ray().get(posted, timeout=60)
             except Exception as exc:  # noqa: BLE001 - reported by the gate as a failed post
-                raise OSError(f"{self.where}: {type(exc).__name__}: {exc}") from None
+                raise VerdictPostFailed(f"{self.where}: {type(exc).__name__}: {exc}") from None
 
     # ---------------------------------------------------------------- trainer side
 

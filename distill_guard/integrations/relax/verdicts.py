@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any, Protocol
 
+from distill_guard.errors import GuardError, GuardValueError
 from distill_guard.integrations.relax.errors import GuardSetupError
 
 CHANNELS = ("auto", "ray", "file")
@@ -47,8 +48,13 @@ class Verdict(str, Enum):
         return list(Verdict).index(self)
 
 
-class VerdictUnreadable(ValueError):
+class VerdictUnreadable(GuardValueError):
     """What was read is not a verdict of this package (the message says what is wrong)."""
+
+
+class VerdictPostFailed(GuardError, OSError):
+    """The rollout side could not post a verdict (reported by the gate, never raised into Relax;
+    the trainer ranks then find none and halt)."""
 
 
 @dataclass
