@@ -74,6 +74,8 @@ class Capabilities:
     reload_flush_refused: Outcome = Outcome.KILLS
     """What a reload whose own flush is refused does."""
     health_while_released: Outcome = Outcome.KILLS_FORWARD
+    token_id_past_vocab: Outcome = Outcome.KILLS
+    """What a ``token_ids_logprob`` id outside ``[0, V)`` does (the clients never send one)."""
     """What ``/health`` does on an idle released server."""
 
     @property
@@ -213,4 +215,5 @@ def capabilities_for(version: object) -> Capabilities:
         reload_fields=values["reload_fields"],
         reload_flush_refused=values["reload_flush_refused"],
         health_while_released=values["health_while_released"],
+        token_id_past_vocab=values["fatal_token_id_past_vocab"],
     )

@@ -73,6 +73,7 @@ class Outcome(enum.Enum):
     REFUSED = "answers 400, the new weights in"
     SKIPPED_503 = "skipped: 503 after 20 s"
     KILLS_FORWARD = "runs a forward: kills"
+    REFUSED_400 = "answers 400"
 
 
 @dataclass(frozen=True)
@@ -267,10 +268,12 @@ FACTS: tuple[Fact, ...] = (
     ),
     Fact(
         "fatal_token_id_past_vocab",
-        "a `token_ids_logprob` id at or past the vocabulary (a negative one wraps around)",
-        ((_v("0.4.7"), Outcome.KILLS),),
-        "0.5.23 `layers/logprob_processor.py:184-187`: `logprobs[pt : pt + pruned_len, "
-        "token_ids_tensor]`, unchecked (on a GPU a device-side assert)",
+        "a `token_ids_logprob` id at or past the vocabulary (before 0.5.14 a negative one wraps)",
+        ((_v("0.4.7"), Outcome.KILLS), (_v("0.5.14"), Outcome.REFUSED_400)),
+        "0.5.13 and before: no check on the generate path, the scheduler indexes "
+        "`logprobs[pt : pt + pruned_len, token_ids_tensor]` (on a GPU a device-side assert); "
+        "0.5.14 `managers/tokenizer_manager.py:1063-1082` `_validate_token_ids_logprob` "
+        "(`ValueError` unless a flat list of ints in `[0, vocab_size)`)",
     ),
     Fact(
         "engine_pause",

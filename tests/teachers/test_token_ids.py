@@ -59,8 +59,9 @@ def test_an_id_past_the_vocabulary_is_refused_before_it_is_sent(tiny_dir, serve)
 
 
 def test_a_raw_id_past_the_vocabulary_kills_the_reference_server(tiny_dir, serve) -> None:
-    """SGLang indexes its logprobs with the ids unchecked: a device-side assert on a GPU."""
-    url, _ = serve(tiny_dir)
+    """Up to 0.5.13 SGLang indexes its logprobs with the ids unchecked: a device-side assert on
+    a GPU (from 0.5.14 it refuses them: tests/testing/test_reference_server_versions.py)."""
+    url, _ = serve(tiny_dir, version="0.5.13")
     body = {"input_ids": [1, 2, 3, 4], "sampling_params": {"max_new_tokens": 0},
             "return_logprob": True, "token_ids_logprob": [512]}  # fmt: skip
     assert httpx.post(url + "/generate", json=body).status_code == 500
@@ -68,8 +69,8 @@ def test_a_raw_id_past_the_vocabulary_kills_the_reference_server(tiny_dir, serve
 
 
 def test_a_raw_negative_id_is_read_as_torch_indexing_reads_it(tiny_dir, serve) -> None:
-    """A negative id is no error in SGLang: it indexes from the end of the vocabulary."""
-    url, _ = serve(tiny_dir)
+    """Up to 0.5.13 a negative id is no error: it indexes from the end of the vocabulary."""
+    url, _ = serve(tiny_dir, version="0.5.13")
     body = {"input_ids": [1, 2, 3, 4], "sampling_params": {"max_new_tokens": 0},
             "return_logprob": True, "logprob_start_len": 0, "token_ids_logprob": [-1, 511]}  # fmt: skip
     rows = httpx.post(url + "/generate", json=body).json()["meta_info"]["input_token_ids_logprobs"]

@@ -613,9 +613,16 @@ def test_token_ids_logprob(serve, version) -> None:
 
 @pytest.mark.parametrize("version", representatives("fatal_token_id_past_vocab"))
 def test_fatal_token_id_past_vocab(serve, version) -> None:
-    """An id past the vocabulary kills (unchecked indexing); a negative one wraps around."""
+    """Before 0.5.14 an id past the vocabulary kills (unchecked indexing) and a negative one
+    wraps around; from 0.5.14 both are refused with a 400."""
     s = serve(version)
     vocab = s.teacher.vocab_size
+    if row("fatal_token_id_past_vocab", version) is Outcome.REFUSED_400:
+        for bad in (-1, vocab):
+            r = s.post("/generate", {**SCORE, "token_ids_logprob": [[bad]]})
+            assert r.status_code == 400 and "token_ids_logprob" in r.text, r.text
+        assert s.post("/generate", SCORE).status_code == 200  # still serving
+        return
     wrapped = s.post("/generate", {**SCORE, "token_ids_logprob": [[-1, vocab - 1]]}).json()
     assert all(r[0][0] == r[1][0] for r in wrapped["meta_info"]["input_token_ids_logprobs"][1:])
     assert row("fatal_token_id_past_vocab", version) is Outcome.KILLS

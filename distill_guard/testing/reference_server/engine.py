@@ -154,6 +154,12 @@ class ReferenceServer:
         self.check_alive()
         vocab = self.teacher.vocab_size
         p = scoring.plan(body, vocab=vocab, context_len=self.context_len)
+        if self.caps.token_id_past_vocab is Outcome.REFUSED_400:  # _validate_token_ids_logprob
+            bad = [t for ids in p.token_ids if ids for t in ids if t < 0 or t >= (vocab or t + 1)]
+            if bad:
+                raise TeacherError(
+                    f"token_ids_logprob must hold token ids in [0, {vocab}), got {bad[0]}"
+                )
         ending, items = self.scheduler.run(lambda: self._forward(p))
         if ending is Ending.ABORTED_WAITING:
             # the waiting-queue abort message changed in 0.5.5 (answers Q3), where the release
