@@ -77,6 +77,22 @@ class SGLangEngineTeacher(SGLangScoring):
         logprob_start_len: int,
         temperature: float | None = None,
     ) -> ScoreResult:
+        return self._generate(sequences, top_k, logprob_start_len, temperature)
+
+    def _score_token_ids(
+        self, sequences: list[list[int]], token_ids: list[list[int]], logprob_start_len: int
+    ) -> ScoreResult:
+        return self._generate(sequences, 0, logprob_start_len, token_ids=token_ids)
+
+    def _generate(
+        self,
+        sequences: list[list[int]],
+        top_k: int,
+        logprob_start_len: int,
+        temperature: float | None = None,
+        token_ids: list[list[int]] | None = None,
+    ) -> ScoreResult:
+        """One prefill-only ``Engine.generate``, as the HTTP client posts it."""
         out = self._call(
             "generate",
             self.engine.generate,
@@ -85,22 +101,9 @@ class SGLangEngineTeacher(SGLangScoring):
             return_logprob=True,
             logprob_start_len=logprob_start_len,
             top_logprobs_num=top_k if top_k > 0 else None,
-        )
-        return parse_score_response(out, sequences, top_k, logprob_start_len)
-
-    def _score_token_ids(
-        self, sequences: list[list[int]], token_ids: list[list[int]], logprob_start_len: int
-    ) -> ScoreResult:
-        out = self._call(
-            "generate",
-            self.engine.generate,
-            input_ids=sequences,
-            sampling_params=sampling_params(None),
-            return_logprob=True,
-            logprob_start_len=logprob_start_len,
             token_ids_logprob=token_ids,
         )
-        return parse_score_response(out, sequences, 0, logprob_start_len, token_ids)
+        return parse_score_response(out, sequences, top_k, logprob_start_len, token_ids)
 
     def _learn_tags(self) -> None:
         if self._caps is None:

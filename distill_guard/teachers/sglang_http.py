@@ -121,19 +121,26 @@ class SGLangHTTPTeacher(SGLangTraffic, SGLangScoring, SGLangTransport):
         logprob_start_len: int,
         temperature: float | None = None,
     ) -> ScoreResult:
-        body = score_request(sequences, top_k, logprob_start_len, temperature)
-        resp = self._request("POST", "/generate", json=body, idempotent=True)
-        return parse_score_response(
-            answer_json(resp, "/generate"), sequences, top_k, logprob_start_len
-        )
+        return self._generate(sequences, top_k, logprob_start_len, temperature)
 
     def _score_token_ids(
         self, sequences: list[list[int]], token_ids: list[list[int]], logprob_start_len: int
     ) -> ScoreResult:
-        body = score_request(sequences, 0, logprob_start_len, token_ids=token_ids)
+        return self._generate(sequences, 0, logprob_start_len, token_ids=token_ids)
+
+    def _generate(
+        self,
+        sequences: list[list[int]],
+        top_k: int,
+        logprob_start_len: int,
+        temperature: float | None = None,
+        token_ids: list[list[int]] | None = None,
+    ) -> ScoreResult:
+        """One prefill-only ``POST /generate``, its answer checked and parsed."""
+        body = score_request(sequences, top_k, logprob_start_len, temperature, token_ids)
         resp = self._request("POST", "/generate", json=body, idempotent=True)
         return parse_score_response(
-            answer_json(resp, "/generate"), sequences, 0, logprob_start_len, token_ids
+            answer_json(resp, "/generate"), sequences, top_k, logprob_start_len, token_ids
         )
 
     def _memory_body(self, tags: tuple[str, ...]) -> dict[str, Any]:

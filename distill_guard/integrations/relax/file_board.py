@@ -20,6 +20,7 @@ import os
 import re
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -103,12 +104,9 @@ class FileBoard:
 
     def announcement(self) -> Reading:
         path = self.dir / "announce.json"
-        try:
-            found = Announcement.from_dict(_read_json(path))
-        except FileNotFoundError:
-            return Reading(where=str(path))
-        except (OSError, ValueError) as exc:
-            return Reading(problem=f"unreadable: {_why(exc)}", where=str(path))
+        found, failed = _load(path, Announcement.from_dict)
+        if failed is not None:
+            return failed
         if found.time < self.started_at - CLOCK_SLACK_S:
             return Reading(
                 problem=(
@@ -128,12 +126,9 @@ class FileBoard:
     def read(self, rollout_id: int) -> Reading:
         """The step's verdict as it is on disk now."""
         path = self.path(rollout_id)
-        try:
-            verdict = StepVerdict.from_dict(_read_json(path))
-        except FileNotFoundError:
-            return Reading(where=str(path))
-        except (OSError, ValueError) as exc:
-            return Reading(problem=f"unreadable: {_why(exc)}", where=str(path))
+        verdict, failed = _load(path, StepVerdict.from_dict)
+        if failed is not None:
+            return failed
         if verdict.rollout_id != rollout_id:
             return Reading(
                 problem=f"it is the verdict of rollout {verdict.rollout_id}", where=str(path)
@@ -190,6 +185,17 @@ def _safe(run: str) -> str:
 
 def _read_json(path: Path) -> Any:
     return json.loads(path.read_text())
+
+
+def _load(path: Path, parse: Callable[[Any], Any]) -> tuple[Any, Reading | None]:
+    """``parse`` of the JSON at ``path``, or the :class:`Reading` that says why there is none
+    (absent: no problem; torn, foreign or unreadable: the problem)."""
+    try:
+        return parse(_read_json(path)), None
+    except FileNotFoundError:
+        return None, Reading(where=str(path))
+    except (OSError, ValueError) as exc:
+        return None, Reading(problem=f"unreadable: {_why(exc)}", where=str(path))
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

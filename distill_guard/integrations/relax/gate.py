@@ -144,8 +144,7 @@ class RelaxGate:
     def _dead(self, step: int, group: Sequence[Any]) -> list[Any]:
         """The group's samples scored by a dead teacher: every scored one when the step's canary
         failed, else those whose own values are uniform or non-finite."""
-        check = next((c for c in self.guard.checks if isinstance(c, TeacherCollapseCheck)), None)
-        check = check or TeacherCollapseCheck()
+        check = self._collapse_check()
         dead = []
         for s in group:
             values = fields.teacher_values(s, self.token_selection)
@@ -154,6 +153,11 @@ class RelaxGate:
             if step in self._canary_failed or _judged_dead(check, step, values, self.guard):
                 dead.append(s)
         return dead
+
+    def _collapse_check(self) -> TeacherCollapseCheck:
+        """The guard's own teacher-collapse check (its thresholds), else a default one."""
+        found = (c for c in self.guard.checks if isinstance(c, TeacherCollapseCheck))
+        return next(found, None) or TeacherCollapseCheck()
 
     def _decide(self, step: int, dead: Sequence[Any]) -> Decision:
         """The guard's word on the dead samples (its policy: halt, or repair the teacher)."""
@@ -180,8 +184,7 @@ class RelaxGate:
         top-K (its new ids replace the dead teacher's); ``student_topk`` the teacher's logprobs
         of the student's own top-K ids, row by row (SGLang's ``token_ids_logprob``). ``union``
         cannot be rebuilt (the sample keeps the merged ids, not the student's half): masked."""
-        check = next((c for c in self.guard.checks if isinstance(c, TeacherCollapseCheck)), None)
-        check = check or TeacherCollapseCheck()
+        check = self._collapse_check()
         bad = []
         for s in dead:
             topk = getattr(s, fields.TOPK_FIELD, None)
@@ -252,12 +255,12 @@ class RelaxGate:
         abort path under partial rollout) and is judged now: dead values there are in the
         trainer's data with a live loss mask, so the step's update must not be taken."""
         tally = self.tally(rollout_id)
-        judged = [s for s in committed if fields.judgement(s) is not None]
+        found = [j for j in map(fields.judgement, committed) if j is not None]
         unjudged = [s for s in committed if fields.judgement(s) is None]
         late = [s for s in self._dead(rollout_id, unjudged) if not fields.out_of_loss(s)]
         tally.samples = len(committed)
-        tally.dead = sum(fields.judgement(s)["dead"] for s in judged) + len(late)
-        tally.rescored = sum(fields.judgement(s)["rescored"] for s in judged)
+        tally.dead = sum(j["dead"] for j in found) + len(late)
+        tally.rescored = sum(j["rescored"] for j in found)
         tally.masked = sum(fields.masked_by_guard(s) for s in committed)
         if late:
             unwired = "filter" not in self.gates

@@ -75,11 +75,16 @@ def forward(teacher: TorchTeacher, p: Plan) -> list[dict[str, Any]]:
     items = list(p.items)
     for (start, k, asked), idx in p.groups.items():
         seqs = [p.batch[i] for i in idx]
-        res = teacher.score(seqs, top_k=k, logprob_start_len=start)
         by_ids = None
         if asked is not None:  # negative ids index from the end, as torch indexing does
             wrapped = [t % (teacher.vocab_size or 1) for t in asked]
             by_ids = teacher.score_token_ids(seqs, [wrapped] * len(seqs), logprob_start_len=start)
+        # one forward unless the top-k is asked too (score_token_ids has the token logprobs)
+        res = (
+            by_ids
+            if by_ids is not None and k == 0
+            else teacher.score(seqs, top_k=k, logprob_start_len=start)
+        )
         for j, i in enumerate(idx):
             items[i] = build_score_item(
                 p.batch[i],
