@@ -42,6 +42,12 @@ class EngineStandIn:
         assert sampling_params["max_new_tokens"] == 0 and return_logprob
         k = top_logprobs_num or 0
         res = self.t.score(input_ids, top_k=k, logprob_start_len=logprob_start_len)
+        asked = self._token_ids(token_ids_logprob, len(input_ids))
+        by_ids = (
+            self.t.score_token_ids(input_ids, asked, logprob_start_len=logprob_start_len)
+            if asked is not None
+            else None
+        )
         return [
             build_score_item(
                 ids,
@@ -49,9 +55,24 @@ class EngineStandIn:
                 res.topk_logprobs[i] if k else None,
                 res.topk_ids[i] if k else None,
                 logprob_start_len,
+                token_ids=asked[i] if asked else None,
+                token_ids_logprobs=by_ids.token_ids_logprobs[i] if by_ids else None,
             )  # fmt: skip
             for i, ids in enumerate(input_ids)
         ]
+
+    def _token_ids(self, given: Any, n: int) -> list[list[int]] | None:
+        """``token_ids_logprob`` per input, checked as 0.5.14+ checks it (the newest row of
+        ``fatal_token_id_past_vocab``: a ``ValueError`` unless ids in ``[0, V)``)."""
+        if not given:
+            return None
+        lists = given if isinstance(given[0], list) else [list(given)] * n
+        v = self.t.vocab_size
+        for ids in lists:
+            bad = [t for t in ids if t < 0 or (v is not None and t >= v)]
+            if bad:
+                raise ValueError(f"token_ids_logprob must hold token ids in [0, {v}), got {bad[0]}")
+        return [list(ids) for ids in lists]
 
     def release_memory_occupation(self, tags=None):
         self.calls.append(("release", tags))

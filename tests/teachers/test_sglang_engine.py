@@ -36,6 +36,16 @@ def test_scores_through_the_engine_match_the_torch_teacher(engine, tiny_dir) -> 
     assert "sglang" not in sys.modules  # imported lazily, never here
 
 
+def test_given_token_ids_are_scored_through_the_engine_as_in_process(engine, tiny_dir) -> None:
+    seqs, ids = [list(range(3, 20)), [5, 9, 2, 41]], [[7, 3, 7], [0, 511]]
+    want = TorchTeacher.from_pretrained(tiny_dir).score_token_ids(seqs, ids, logprob_start_len=1)
+    got = SGLangEngineTeacher(engine).score_token_ids(seqs, ids, logprob_start_len=1)
+    for a, b in zip(got.token_ids_logprobs, want.token_ids_logprobs):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    with pytest.raises(TeacherError, match=r"in \[0, 512\)"):  # the engine's own refusal
+        SGLangEngineTeacher(engine)._score_token_ids(seqs[:1], [[512]], 0)
+
+
 def test_sleep_wake_reload_flush_through_the_engine(engine) -> None:
     t = SGLangEngineTeacher(engine)
     before = t.score([list(range(3, 30))]).token_logprobs[0]
