@@ -10,16 +10,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from distill_guard.errors import GuardValueError
 from distill_guard.teachers._sglang_wire import build_score_item
 from distill_guard.teachers.base import TeacherError, normalize_tags
 from distill_guard.teachers.torch_teacher import TorchTeacher
 
-__all__ = ["EngineStandIn", "ProcessKilled"]
+__all__ = ["EngineRefused", "EngineStandIn", "ProcessKilled"]
 
 
 class ProcessKilled(BaseException):
     """What a dying in-process scheduler does to its host: SIGQUIT, then the process tree is
     killed. A BaseException, so no ``except Exception`` in the adapter can turn it into an error."""
+
+
+class EngineRefused(GuardValueError):
+    """The ``ValueError`` SGLang's tokenizer manager raises for a request it refuses, as the
+    stand-in raises it (the adapter wraps it into a ``TeacherError``, as it wraps SGLang's)."""
 
 
 class EngineStandIn:
@@ -71,7 +77,9 @@ class EngineStandIn:
         for ids in lists:
             bad = [t for t in ids if t < 0 or (v is not None and t >= v)]
             if bad:
-                raise ValueError(f"token_ids_logprob must hold token ids in [0, {v}), got {bad[0]}")
+                raise EngineRefused(
+                    f"token_ids_logprob must hold token ids in [0, {v}), got {bad[0]}"
+                )
         return [list(ids) for ids in lists]
 
     def release_memory_occupation(self, tags=None):
