@@ -15,7 +15,14 @@ from typing import Any
 import torch
 
 from distill_guard.errors import GuardValueError
-from distill_guard.teachers.base import ScoreResult, TeacherError, TrackedTeacher
+from distill_guard.teachers.base import (
+    ScoreResult,
+    TeacherError,
+    TeacherStateError,
+    TrackedTeacher,
+)
+from distill_guard.teachers.capabilities import Capabilities
+from distill_guard.teachers.sglang_versions import Outcome
 
 
 def check_temperature(temperature: float | None) -> None:
@@ -37,6 +44,36 @@ def check_temperature(temperature: float | None) -> None:
 class SGLangScoring(TrackedTeacher):
     """The scoring both SGLang clients share: the protocol's ``score`` plus SGLang's
     ``temperature``, checked before anything is sent."""
+
+    traffic_token_ids: bool = False
+    """The server's other requests carry ``token_ids_logprob`` (Relax's ``student_topk`` and
+    ``union`` selections do). Where a prefill batch mixing requests with and without it kills
+    the server (SGLang 0.5.10–0.5.15, ``docs/sglang-contract.md`` §1.9), this client's requests
+    follow that traffic: every one carries ``token_ids_logprob`` when True, none does when
+    False (:meth:`_wire_token_ids`)."""
+
+    capabilities: Capabilities  # provided by the client
+
+    def _wire_token_ids(
+        self, n: int, asked: list[list[int]] | None
+    ) -> list[list[int]] | None:
+        """The ``token_ids_logprob`` to send with ``n`` sequences that ask ``asked``. On a version
+        where a mixed batch kills (``fatal_mixed_token_ids_batch``), the request matches the
+        server's other traffic: id 0 for each sequence where it asks none and the traffic
+        carries ids; refused (nothing sent) where it asks ids and the traffic carries none."""
+        if self.capabilities.mixed_token_ids_batch is not Outcome.KILLS:
+            return asked
+        if self.traffic_token_ids:
+            return asked if asked is not None else [[0] for _ in range(n)]
+        if asked is not None:
+            raise TeacherStateError(
+                f"refusing token_ids_logprob on {self.capabilities.note}: a prefill batch that "
+                "mixes it with a logprob request without it kills the scheduler on 0.5.10-0.5.15 "
+                "(torch.tensor(None)), and this client was told the server's other requests "
+                "carry none (traffic_token_ids=False). Upgrade to SGLang 0.5.16+, or set "
+                "traffic_token_ids=True if every request to this server carries token_ids_logprob"
+            )
+        return None
 
     def score(
         self,

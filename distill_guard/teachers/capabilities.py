@@ -74,9 +74,13 @@ class Capabilities:
     reload_flush_refused: Outcome = Outcome.KILLS
     """What a reload whose own flush is refused does."""
     health_while_released: Outcome = Outcome.KILLS_FORWARD
+    """What ``/health`` does on an idle released server."""
     token_id_past_vocab: Outcome = Outcome.KILLS
     """What a ``token_ids_logprob`` id outside ``[0, V)`` does (the clients never send one)."""
-    """What ``/health`` does on an idle released server."""
+    mixed_token_ids_batch: Outcome = Outcome.KILLS
+    """What a prefill batch mixing a ``token_ids_logprob`` request with a logprob request
+    without it does (0.5.10–0.5.15 kill): the clients then send ``token_ids_logprob`` on every
+    request or on none, as the server's other traffic does (:func:`token_ids_to_send`)."""
 
     @property
     def checksum(self) -> bool:
@@ -216,4 +220,5 @@ def capabilities_for(version: object) -> Capabilities:
         reload_flush_refused=values["reload_flush_refused"],
         health_while_released=values["health_while_released"],
         token_id_past_vocab=values["fatal_token_id_past_vocab"],
+        mixed_token_ids_batch=values["fatal_mixed_token_ids_batch"],
     )

@@ -48,9 +48,14 @@ class SGLangEngineTeacher(SGLangScoring):
     ``generate`` calls is in flight.
     """
 
-    def __init__(self, engine: Any, *, vocab_size: int | None = None) -> None:
+    def __init__(
+        self, engine: Any, *, vocab_size: int | None = None, traffic_token_ids: bool = False
+    ) -> None:
+        """``traffic_token_ids``: the engine's other ``generate`` calls pass
+        ``token_ids_logprob`` (see :attr:`SGLangScoring.traffic_token_ids`)."""
         super().__init__()
         self.engine = engine
+        self.traffic_token_ids = traffic_token_ids
         self._vocab_size = vocab_size
         self._info: dict[str, Any] | None = None
         self._caps: Capabilities | None = None
@@ -93,6 +98,7 @@ class SGLangEngineTeacher(SGLangScoring):
         token_ids: list[list[int]] | None = None,
     ) -> ScoreResult:
         """One prefill-only ``Engine.generate``, as the HTTP client posts it."""
+        wire = self._wire_token_ids(len(sequences), token_ids)
         out = self._call(
             "generate",
             self.engine.generate,
@@ -101,9 +107,16 @@ class SGLangEngineTeacher(SGLangScoring):
             return_logprob=True,
             logprob_start_len=logprob_start_len,
             top_logprobs_num=top_k if top_k > 0 else None,
-            token_ids_logprob=token_ids,
+            token_ids_logprob=wire,
         )
         return parse_score_response(out, sequences, top_k, logprob_start_len, token_ids)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What the engine's SGLang version can do (its server info's ``version``, read once)."""
+        self._learn_tags()
+        assert self._caps is not None
+        return self._caps
 
     def _learn_tags(self) -> None:
         if self._caps is None:

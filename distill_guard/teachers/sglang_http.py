@@ -69,6 +69,7 @@ class SGLangHTTPTeacher(SGLangTraffic, SGLangScoring, SGLangTransport):
         vocab_size: int | None = None,
         tags_supported: bool | None = None,
         transport: httpx.BaseTransport | None = None,
+        traffic_token_ids: bool = False,
     ) -> None:
         """
         Args:
@@ -90,6 +91,9 @@ class SGLangHTTPTeacher(SGLangTraffic, SGLangScoring, SGLangTransport):
             tags_supported: None reads it from the server's version (``capabilities``): SGLang
                 0.4.8 and later honour memory tags; an unknown version is treated as ignoring
                 them, so every release and resume acts on all of them.
+            traffic_token_ids: the server's other requests carry ``token_ids_logprob``; on
+                SGLang 0.5.10–0.5.15 this client's requests then carry it too, and where False
+                they never do (a batch mixing the two kills those versions).
         """
         SGLangScoring.__init__(self)
         SGLangTransport.__init__(
@@ -104,6 +108,7 @@ class SGLangHTTPTeacher(SGLangTraffic, SGLangScoring, SGLangTransport):
             transport=transport,
         )
         self.drain_timeout_s = drain_timeout_s
+        self.traffic_token_ids = traffic_token_ids
         self._paused = False
         if tags_supported is not None:
             self.sleep_state.tags_supported = tags_supported
@@ -137,7 +142,8 @@ class SGLangHTTPTeacher(SGLangTraffic, SGLangScoring, SGLangTransport):
         token_ids: list[list[int]] | None = None,
     ) -> ScoreResult:
         """One prefill-only ``POST /generate``, its answer checked and parsed."""
-        body = score_request(sequences, top_k, logprob_start_len, temperature, token_ids)
+        wire = self._wire_token_ids(len(sequences), token_ids)
+        body = score_request(sequences, top_k, logprob_start_len, temperature, wire)
         resp = self._request("POST", "/generate", json=body, idempotent=True)
         return parse_score_response(
             answer_json(resp, "/generate"), sequences, top_k, logprob_start_len, token_ids

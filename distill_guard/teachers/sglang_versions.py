@@ -74,6 +74,7 @@ class Outcome(enum.Enum):
     SKIPPED_503 = "skipped: 503 after 20 s"
     KILLS_FORWARD = "runs a forward: kills"
     REFUSED_400 = "answers 400"
+    HARMLESS = "served (no error)"
 
 
 @dataclass(frozen=True)
@@ -274,6 +275,19 @@ FACTS: tuple[Fact, ...] = (
         "`logprobs[pt : pt + pruned_len, token_ids_tensor]` (on a GPU a device-side assert); "
         "0.5.14 `managers/tokenizer_manager.py:1063-1082` `_validate_token_ids_logprob` "
         "(`ValueError` unless a flat list of ints in `[0, vocab_size)`)",
+    ),
+    Fact(
+        "fatal_mixed_token_ids_batch",
+        "a prefill batch where one request asks `token_ids_logprob` and another asks input "
+        "logprobs without it",
+        ((_v("0.4.7"), Outcome.HARMLESS), (_v("0.5.10"), Outcome.KILLS), (_v("0.5.16"), Outcome.HARMLESS)),
+        "the batch-wide `extend_token_ids_logprob = any(x is not None ...)` (0.5.12 "
+        "`layers/logits_processor.py:164-166`) sends every request through "
+        "`get_token_ids_logprobs_raw`; from 0.5.10 its prefill branch calls "
+        "`torch.tensor(token_ids)` for a request whose ids are `None` (0.5.12 "
+        "`layers/utils/logprob.py:154`): a `TypeError` in the scheduler. 0.5.9 indexes "
+        "`logprobs[..., None]` instead (no error); 0.5.16 "
+        "`layers/logprob_processor.py:141` skips `None`",
     ),
     Fact(
         "engine_pause",

@@ -611,3 +611,16 @@ def test_a_teacher_garbage_from_its_first_wake_is_repaired_against_its_checkpoin
     assert first["teacher.reference_mismatch"]["step"] == 0, r.story()
     assert first["teacher.repaired"]["step"] == 0, r.story()
     assert "checkpoint's reference" in first["teacher.repaired"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("selection", "carries"),
+    [("student_topk", True), ("union", True), ("teacher_topk", False), (None, False)],
+)
+def test_the_guards_teacher_follows_the_token_selection_of_relax_traffic(selection, carries):
+    """``student_topk`` and ``union`` ask the teacher ``token_ids_logprob``: the guard's own
+    requests then carry ids too on SGLang 0.5.10-0.5.15, where a mixed batch kills."""
+    from distill_guard.integrations.relax.setup import _teacher_from
+
+    teacher = _teacher_from(args_for(opd_token_selection=selection, opd_teacher_url="http://t:1"))
+    assert teacher.traffic_token_ids is carries

@@ -95,3 +95,69 @@ def test_a_different_set_of_ids_per_row_is_scored_in_windows(tiny_dir, serve) ->
             torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
     with pytest.raises(GuardValueError, match=r"must be \[21, K\]"):
         score_ids_per_row(local, seq, start, row_ids[1:])
+
+
+def _concurrently(*calls):
+    """Run each call in its own thread at once; return their results (an exception as it is)."""
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(len(calls)) as pool:
+        futures = [pool.submit(c) for c in calls]
+        out = []
+        for f in futures:
+            try:
+                out.append(f.result(timeout=20))
+            except Exception as e:  # noqa: BLE001 - the test reads it
+                out.append(e)
+        return out
+
+
+@pytest.mark.parametrize("version", ["0.5.12", "0.5.16"])
+def test_the_clients_requests_follow_traffic_that_carries_ids(tiny_dir, serve, version) -> None:
+    """SGLang 0.5.10–0.5.15 die on a prefill batch mixing ``token_ids_logprob`` with a logprob
+    request without it: a client told the traffic carries ids sends ids with its own top-k
+    scoring (the canary's request) too, so the two run in one batch and the server lives."""
+    url, _ = serve(tiny_dir, version=version, latency_s=0.3)
+    host = SGLangHTTPTeacher(url, traffic_token_ids=True)
+    guard = SGLangHTTPTeacher(url, traffic_token_ids=True)
+    local = TorchTeacher.from_pretrained(tiny_dir)
+    with host, guard:
+        by_ids, canary = _concurrently(
+            lambda: host.score_token_ids(SEQS, IDS), lambda: guard.score(SEQS, top_k=4)
+        )
+        assert not isinstance(by_ids, Exception) and not isinstance(canary, Exception)
+        want = local.score(SEQS, top_k=4)
+        for a, b in zip(canary.topk_logprobs, want.topk_logprobs):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-6)  # the ids asked change nothing
+        guard.score(SEQS)  # still serving
+
+
+def test_a_client_told_no_ids_never_sends_them_where_mixing_kills(tiny_dir, serve) -> None:
+    """Where the traffic carries no ids, ``score_token_ids`` is refused before anything is sent
+    on 0.5.10–0.5.15 (it would kill the server beside the traffic's logprob requests), and is
+    served from 0.5.16."""
+    from distill_guard.teachers import TeacherStateError
+
+    url, _ = serve(tiny_dir, version="0.5.15")
+    with SGLangHTTPTeacher(url) as remote:
+        with pytest.raises(TeacherStateError, match="0.5.16"):
+            remote.score_token_ids(SEQS, IDS)
+        remote.score(SEQS, top_k=2)  # nothing was sent: the server still serves
+    url, _ = serve(tiny_dir, version="0.5.16")
+    with SGLangHTTPTeacher(url) as remote:
+        remote.score_token_ids(SEQS, IDS)
+
+
+def test_without_the_rule_the_mixed_batch_kills_the_reference_server(tiny_dir, serve) -> None:
+    """What the rule prevents: on 0.5.12 a top-k request without ids running beside one with
+    ids kills the server (the client bypassed with ``traffic_token_ids=True`` on one side
+    only, as a host that never told the guard would)."""
+    url, _ = serve(tiny_dir, version="0.5.12", latency_s=0.3)
+    host = SGLangHTTPTeacher(url, traffic_token_ids=True, max_retries=0)
+    guard = SGLangHTTPTeacher(url, max_retries=0)  # told no ids: its top-k request carries none
+    with host, guard:
+        results = _concurrently(
+            lambda: host.score_token_ids(SEQS, IDS), lambda: guard.score(SEQS, top_k=4)
+        )
+    assert any(isinstance(r, Exception) for r in results)
+    assert_gone(url)

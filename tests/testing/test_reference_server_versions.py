@@ -631,6 +631,30 @@ def test_fatal_token_id_past_vocab(serve, version) -> None:
     assert_gone(s)
 
 
+@pytest.mark.parametrize("version", representatives("fatal_mixed_token_ids_batch"))
+def test_fatal_mixed_token_ids_batch(serve, version) -> None:
+    """Two requests in one prefill batch, one asking ``token_ids_logprob`` and one asking input
+    logprobs without it, kill 0.5.10–0.5.15; a batch whose requests all ask ids, or none,
+    is served everywhere, and so is the mixed one elsewhere."""
+    s = serve(version, latency_s=LATENCY)
+    with_ids = {**SCORE, "token_ids_logprob": [[5, 6]]}
+    for same in (SCORE, with_ids):  # all alike: one batch, served
+        first, second = Call(s, body=same), Call(s, body=same)
+        assert finish(first.result()) and finish(second.result())
+    first = Call(s, body=SCORE)
+    s.until(Phase.RUNNING)
+    second = Call(s, body=with_ids)
+    s.until(Phase.RUNNING, 2)  # running together: one batch
+    if row("fatal_mixed_token_ids_batch", version) is Outcome.KILLS:
+        assert_killed(first.result(), "mixing a token_ids_logprob request")
+        second.result()
+        assert_gone(s)
+        return
+    assert row("fatal_mixed_token_ids_batch", version) is Outcome.HARMLESS
+    assert finish(first.result()) and finish(second.result())
+    assert s.alive()
+
+
 @pytest.mark.parametrize("version", representatives("engine_pause", where=lambda c: c.checksum))
 def test_engine_pause(serve, version) -> None:
     """The in-process ``sglang.Engine`` has no pause and no checksum; the reference server is
@@ -662,6 +686,7 @@ ROW_TESTS = {
     "fatal_forward_released": test_fatal_forward_released,
     "token_ids_logprob": test_token_ids_logprob,
     "fatal_token_id_past_vocab": test_fatal_token_id_past_vocab,
+    "fatal_mixed_token_ids_batch": test_fatal_mixed_token_ids_batch,
     "engine_pause": test_engine_pause,
 }
 

@@ -276,4 +276,9 @@ def _teacher_from(args: Any) -> Any:
     from distill_guard.teachers import SGLangHTTPTeacher
 
     timeout = float(getattr(args, "opd_teacher_timeout_s", 30.0) or 30.0)
-    return SGLangHTTPTeacher(url, timeout_s=timeout)
+    # student_topk and union ask the teacher for the student's ids (token_ids_logprob): on SGLang
+    # 0.5.10-0.5.15 the guard's own requests must then carry ids too (a mixed batch kills)
+    selection = str(getattr(args, "opd_token_selection", None) or "student_sampled")
+    return SGLangHTTPTeacher(
+        url, timeout_s=timeout, traffic_token_ids=selection in ("student_topk", "union")
+    )

@@ -160,7 +160,7 @@ class ReferenceServer:
                 raise TeacherError(
                     f"token_ids_logprob must hold token ids in [0, {vocab}), got {bad[0]}"
                 )
-        ending, items = self.scheduler.run(lambda: self._forward(p))
+        ending, items = self.scheduler.run(lambda: self._forward(p), mark=p.prefill)
         if ending is Ending.ABORTED_WAITING:
             # the waiting-queue abort message changed in 0.5.5 (answers Q3), where the release
             # got its assert: release_check is NOTHING on exactly 0.4.7-0.5.4
@@ -170,6 +170,12 @@ class ReferenceServer:
 
     def _forward(self, p: scoring.Plan) -> list[dict[str, Any]]:
         self._forward_guard("a /generate", self.teacher.sleep_state.released)
+        batch = [p.prefill, *self.scheduler.batch]
+        if self.caps.mixed_token_ids_batch is Outcome.KILLS and scoring.mixed_token_ids(batch):
+            raise self.fatal(
+                "a prefill batch mixing a token_ids_logprob request with a logprob request "
+                "without it: torch.tensor(None) in get_token_ids_logprobs_raw (TypeError)"
+            )
         outside = p.ids_outside(self.teacher.vocab_size)
         if outside:
             raise self.fatal(

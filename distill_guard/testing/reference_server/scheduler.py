@@ -60,6 +60,8 @@ class Request:
     """Running time still to do."""
     since: float | None = None
     """When it last started to make progress; None while frozen (or not running)."""
+    mark: Any = None
+    """What the caller tells of the request (the engine: what its prefill asks)."""
 
 
 class Scheduler:
@@ -79,6 +81,8 @@ class Scheduler:
         self.writers = 0
         """Reloads waiting for the requests in flight; new ones are held behind them."""
         self.dead: str | None = None
+        self.batch: list[Any] = []
+        """While a forward runs: the marks of the other requests running with it (its batch)."""
 
     # -- counts, under the lock ---------------------------------------------------------------
 
@@ -127,10 +131,12 @@ class Scheduler:
 
     # -- a /generate ----------------------------------------------------------------------------
 
-    def run(self, forward: Callable[[], Any]) -> tuple[Ending, Any]:
+    def run(self, forward: Callable[[], Any], mark: Any = None) -> tuple[Ending, Any]:
         """Take one request through HELD, WAITING and RUNNING, then call ``forward`` (under the
-        lock, as the scheduler's one thread) unless it was aborted in the waiting queue."""
-        req = Request()
+        lock, as the scheduler's one thread) unless it was aborted in the waiting queue. While
+        ``forward`` runs, :attr:`batch` holds the marks of the requests running beside it: the
+        ones SGLang would have put in the same batch."""
+        req = Request(mark=mark)
         with self.loop:
             self.check_alive()
             self.requests.append(req)
@@ -139,6 +145,9 @@ class Scheduler:
                     if req.ending is Ending.ABORTED_WAITING:
                         return req.ending, None
                     self.loop.wait(self._wait_s(req))
+                self.batch = [
+                    r.mark for r in self.requests if r is not req and r.phase is Phase.RUNNING
+                ]
                 return req.ending, forward()
             finally:
                 req.phase = Phase.DONE

@@ -24,6 +24,22 @@ ABORTED = {"type": "abort", "message": "Aborted", "status_code": None, "err_type
 (0.4.9, 0.5.5 ``schedule_batch.py:156-169``)."""
 
 
+@dataclass(frozen=True)
+class Prefill:
+    """A request's part of a prefill batch."""
+
+    token_ids: bool
+    """It asks ``token_ids_logprob``: the batch's ``extend_token_ids_logprob`` is on."""
+    logprobs_without_ids: bool
+    """It asks input logprobs (``pruned_len > 0``) and no ``token_ids_logprob``."""
+
+
+def mixed_token_ids(batch: list[Prefill]) -> bool:
+    """A batch that sends a request without ids through ``get_token_ids_logprobs_raw``:
+    ``fatal_mixed_token_ids_batch`` (0.5.10–0.5.15 call ``torch.tensor(None)``)."""
+    return any(p.token_ids for p in batch) and any(p.logprobs_without_ids for p in batch)
+
+
 @dataclass
 class Plan:
     """A checked ``/generate``: what its forward scores, and the items that need no scoring."""
@@ -37,6 +53,16 @@ class Plan:
     """Per item, the ``token_ids_logprob`` ids (None: not asked)."""
     groups: dict[tuple[int, int, tuple[int, ...] | None], list[int]] = field(default_factory=dict)
     """``(logprob_start_len, top_k, token ids)`` → the items scored together."""
+
+    @property
+    def prefill(self) -> Prefill:
+        """What this request's prefill asks, as SGLang's batch-wide logprob flags see it."""
+        return Prefill(
+            token_ids=any(
+                ids is not None and want for ids, want in zip(self.token_ids, self.want_lp)
+            ),
+            logprobs_without_ids=any(asked is None for _, _, asked in self.groups),
+        )
 
     def ids_outside(self, vocab: int | None) -> list[int]:
         """Asked ids at or past the vocabulary: SGLang indexes its logprobs with them unchecked,
