@@ -1,5 +1,6 @@
 """The webhook sink against a real receiver on loopback: Slack's payload, one throttle with the
-other sinks, rank 0 only, and never fatal (receiver down, answering 500, hanging)."""
+other sinks, rank 0 only, and never fatal (receiver down, answering 500, hanging); one total
+deadline per request, also for a receiver that drips its answer (``tests/_drip.py``)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import torch
 
-from distill_guard.alerts import WEBHOOK_ENV, Alerter
+from distill_guard.alerts import WEBHOOK_ENV, Alerter, WebhookSink
 from distill_guard.config import build_guard
 from distill_guard.events import read_events
 from distill_guard.policy import Action
+from tests._drip import DripServer
 
 V = 1000
 SECRET = "/services/T000/B000/s3cr3t-t0k3n"
@@ -31,6 +33,8 @@ class Receiver:
         self.bodies: list[dict] = []
         self.paths: list[str] = []
         self.mode = "ok"
+        self.delay_s = 0.0
+        """How long each answer takes (a slow but healthy receiver)."""
         self.release = threading.Event()
         receiver = self
 
@@ -42,6 +46,8 @@ class Receiver:
                 if receiver.mode == "hang":
                     receiver.release.wait(30)
                     return
+                if receiver.delay_s:
+                    receiver.release.wait(receiver.delay_s)
                 status = 200 if receiver.mode == "ok" else 500
                 self.send_response(status)
                 self.end_headers()
@@ -201,3 +207,101 @@ def test_an_alerter_with_a_webhook_survives_pickling_to_another_process(receiver
         "[WARN] distill_guard: after",
         "[WARN] distill_guard: before",
     ]
+
+
+class Failures:
+    """A ``failed`` callback that records each report with its time since ``t0``."""
+
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+        self.reports: list[tuple[float, str]] = []
+        self.first = threading.Event()
+
+    def __call__(self, error: str) -> None:
+        self.reports.append((time.monotonic() - self.t0, error))
+        self.first.set()
+
+
+@pytest.mark.parametrize("mode", ["body", "headers", "silent"])
+def test_a_dripping_or_silent_receiver_is_reported_within_the_total_deadline(mode):
+    """Fault injection: headers then a byte a second of body held ``timeout_s=2`` for 18 s before
+    (httpx's timeout is per read); so did headers dripped a byte a second. ``silent`` accepts and
+    never sends a header."""
+    with DripServer(mode, every_s=1.0) as server:
+        sink = WebhookSink(server.url + SECRET + "?token=q5ery", timeout_s=2)
+        failed = Failures()
+        sink.send("distill_guard: drip", "the receiver drips", "WARN", failed)
+        assert failed.first.wait(2 + 1.5), f"no failure report within 3.5 s ({mode})"
+        (elapsed, error), *_ = failed.reports
+        assert 1.9 < elapsed < 2 + 1.5
+        assert error == "127.0.0.1 did not answer within 2 s"
+        assert "s3cr3t" not in error and "services" not in error and "q5ery" not in error
+        t0 = time.monotonic()
+        sink.close(2.0)
+        assert time.monotonic() - t0 < 0.5  # the queue is empty: nothing to wait for
+        assert len(server.requests) == 1
+
+
+def test_close_returns_by_its_deadline_while_a_post_drips(caplog):
+    """``close(1)`` with one POST in flight to a dripping receiver and two more queued: it
+    returns at its deadline naming what was not delivered; the sender then sends and reports
+    nothing more and ends once the request in flight reaches its own deadline."""
+    caplog.set_level(logging.WARNING, logger="distill_guard")
+    with DripServer("body", every_s=0.5) as server:
+        sink = WebhookSink(server.url + SECRET, timeout_s=2)
+        failed = Failures()
+        for i in range(3):
+            sink.send(f"distill_guard: drip {i}", "x", "ERROR", failed)
+        thread = sink._thread
+        time.sleep(0.2)  # the first POST is in flight
+        t0 = time.monotonic()
+        sink.close(1.0)
+        assert time.monotonic() - t0 < 1.0 + 0.3
+        (line,) = [r.getMessage() for r in caplog.records if "not all delivered" in r.getMessage()]
+        assert "127.0.0.1" in line and "within 1.0 s" in line and "s3cr3t" not in line
+        thread.join(2 + 1.0)
+        assert not thread.is_alive()
+        assert failed.reports == []  # after close's deadline its log line is the one report
+        assert len(server.requests) == 1
+
+
+def test_a_healthy_receiver_still_gets_every_alert_in_order(receiver):
+    sink = WebhookSink(receiver.url, timeout_s=2)
+    failed = Failures()
+    for i in range(20):
+        sink.send(f"distill_guard: alert {i}", f"body {i}", "INFO", failed)
+    t0 = time.monotonic()
+    sink.close(5.0)
+    assert time.monotonic() - t0 < 5.0
+    assert [b["text"].splitlines()[0] for b in receiver.bodies] == [
+        f"[INFO] distill_guard: alert {i}" for i in range(20)
+    ]
+    assert failed.reports == []
+
+
+def test_alerts_pending_at_close_are_delivered_to_a_slow_healthy_receiver(receiver, caplog):
+    caplog.set_level(logging.WARNING, logger="distill_guard")
+    receiver.delay_s = 0.2  # each answer takes 0.2 s: at close four of five still wait
+    sink = WebhookSink(receiver.url, timeout_s=2)
+    failed = Failures()
+    for i in range(5):
+        sink.send(f"distill_guard: pending {i}", "x", "WARN", failed)
+    t0 = time.monotonic()
+    sink.close(5.0)
+    assert 0.8 < time.monotonic() - t0 < 5.0
+    assert len(receiver.bodies) == 5 and failed.reports == []
+    assert not [r for r in caplog.records if "not all delivered" in r.getMessage()]
+    assert sink._thread is None
+
+
+def test_a_healthy_raw_receiver_takes_each_alert():
+    """The drip server's ``ok`` mode, so that the faulty modes above differ from a receiver the
+    sink gets along with only in their timing."""
+    with DripServer("ok") as server:
+        sink = WebhookSink(server.url + SECRET, timeout_s=2)
+        failed = Failures()
+        sink.send("distill_guard: one", "x", "WARN", failed)
+        sink.send("distill_guard: two", "x", "WARN", failed)
+        sink.close(3.0)
+        assert failed.reports == [] and len(server.requests) == 2
+        assert all(r.startswith(f"POST {SECRET} ".encode()) for r in server.requests)

@@ -99,7 +99,7 @@ class Alerter:
     webhook_env: str | None = None
     """Environment variable with a Slack-style incoming-webhook URL; None or unset: no webhook."""
     webhook_timeout_s: float = 5.0
-    """Bound of one webhook request (connect, send, answer)."""
+    """Total bound of one webhook request (connect, send and every read of the answer)."""
     sinks: list[Sink] | None = None
     """The channels; None builds them from the fields above."""
     on_error: Callable[[str, str, str], None] | None = None

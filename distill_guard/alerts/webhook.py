@@ -3,8 +3,10 @@ JSON).
 
 Alerts are POSTed from one background thread through a bounded queue, so the training step never
 waits on the receiver: a receiver that is down or hangs costs the hook a ``put`` on a queue, and
-the thread gives each request ``timeout_s``. ``close`` (also run at interpreter exit) delivers
-what is queued within a deadline: the halt alert of a run that stops at once still goes out.
+the thread gives each request ``timeout_s`` in total (connect, send and every read of the answer:
+a receiver that drips its answer a byte at a time is cut at the deadline too). ``close`` (also run
+at interpreter exit) delivers what is queued within its own deadline: the halt alert of a run
+that stops at once still goes out, and a hanging receiver holds the exit no longer than that.
 The URL comes from the environment (it holds the secret); only its host is ever written down.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import math
 import os
 import queue
 import threading
@@ -31,6 +34,8 @@ QUEUE_SIZE = 32
 _ICON = {"INFO": ":information_source:", "WARN": ":warning:", "ERROR": ":rotating_light:"}
 _SECTION_MAX = 2900
 """Slack refuses a section text over 3000 characters."""
+_ANSWER_MAX = 1024
+"""Bytes of an answer read (an error's message is its first 200 characters); no more is read."""
 
 
 THREAD = "distill_guard-webhook"
@@ -110,17 +115,26 @@ class WebhookSink:
         self.timeout_s = timeout_s
         self._queue: queue.Queue[tuple[dict[str, Any], Any] | None] = queue.Queue(queue_size)
         self._thread: threading.Thread | None = None
+        self._closing = [math.inf]
+        """The sender's stop time (set by ``close``): past it nothing more is sent or reported."""
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
         """A copy sent to another process (Lightning's ``ddp_spawn`` pickles its callbacks)
         starts its own thread at its first alert; the queue, lock and thread stay here."""
-        state = {k: v for k, v in self.__dict__.items() if k not in ("_queue", "_thread", "_lock")}
+        local = ("_queue", "_thread", "_lock", "_closing")
+        state = {k: v for k, v in self.__dict__.items() if k not in local}
         return state | {"_queue_size": self._queue.maxsize}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         size = state.pop("_queue_size")
-        self.__dict__.update(state, _queue=queue.Queue(size), _thread=None, _lock=threading.Lock())
+        self.__dict__.update(
+            state,
+            _queue=queue.Queue(size),
+            _thread=None,
+            _lock=threading.Lock(),
+            _closing=[math.inf],
+        )
 
     def send(self, title: str, text: str, level: str, failed: Any) -> bool:
         self._start()
@@ -138,13 +152,16 @@ class WebhookSink:
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Deliver what is queued within ``timeout_s``; a receiver slower than that loses the
-        rest (named in one log line), the run does not wait longer."""
+        rest (named in one log line), the run does not wait longer. The sender sends nothing
+        after this deadline; a request in flight then ends by its own (the thread is a daemon)."""
         with self._lock:
             thread, self._thread = self._thread, None
+            closing = self._closing
         if thread is None:
             return
         atexit.unregister(self.close)
         deadline = time.monotonic() + timeout_s
+        closing[0] = deadline
         with contextlib.suppress(queue.Full):  # then the join below runs out the deadline
             self._queue.put(None, timeout=timeout_s)
         thread.join(max(0.0, deadline - time.monotonic()))
@@ -161,47 +178,80 @@ class WebhookSink:
             if self._thread is not None:
                 return
             self._queue = queue.Queue(self._queue.maxsize)
+            self._closing = [math.inf]
             self._thread = threading.Thread(
-                target=self._deliver, args=(self._queue,), name=THREAD, daemon=True
+                target=self._deliver, args=(self._queue, self._closing), name=THREAD, daemon=True
             )
             self._thread.start()
         atexit.register(self.close)
 
-    def _deliver(self, jobs: queue.Queue[tuple[dict[str, Any], Any] | None]) -> None:
+    def _deliver(
+        self, jobs: queue.Queue[tuple[dict[str, Any], Any] | None], closing: list[float]
+    ) -> None:
         import httpx  # here, not at import: the package needs only torch until a webhook is used
 
+        from distill_guard.http_deadline import bound
+
         logging.getLogger("httpx").addFilter(_QUIET)  # idempotent
-        with httpx.Client(timeout=self.timeout_s, follow_redirects=False) as client:
+        with bound(httpx.Client(timeout=self.timeout_s, follow_redirects=False)) as client:
             while (job := jobs.get()) is not None:
                 payload, failed = job
-                error = self._post(client, payload)
-                if error is not None:
+                left = closing[0] - time.monotonic()
+                if left <= 0:
+                    return  # past close's deadline: its log line names what was not sent
+                error = self._post(client, payload, min(self.timeout_s, left))
+                if error is not None and time.monotonic() < closing[0]:
                     try:
                         failed(error)
                     except Exception:  # noqa: BLE001 - the reporter must not end the thread
                         log.exception("distill_guard: reporting a webhook failure failed")
 
-    def _post(self, client: Any, payload: dict[str, Any]) -> str | None:
-        """None when the receiver took the alert, else what went wrong (never the URL)."""
+    def _post(self, client: Any, payload: dict[str, Any], limit: float) -> str | None:
+        """None when the receiver took the alert, else what went wrong (never the URL). The
+        request ends within ``limit`` seconds in total: the client is
+        :func:`~distill_guard.http_deadline.bound`, so connect, send and every read (headers
+        too) get only the time left. The answer is read to its end (its first kilobyte at most:
+        the rest is not needed) before the deadline, or it counts as none."""
         import httpx
 
+        from distill_guard.http_deadline import deadline_at
+
+        deadline = time.monotonic() + limit
         try:
-            response = client.post(self.url, json=payload)
+            with (
+                deadline_at(deadline),
+                client.stream("POST", self.url, json=payload, timeout=limit) as response,
+            ):
+                text = _head(response, deadline)
         except httpx.TimeoutException:
             return f"{self.host} did not answer within {self.timeout_s:g} s"
         except Exception as exc:  # noqa: BLE001 - a broken channel is a report, not a crash
             return f"{type(exc).__name__}: {self._redact(str(exc))}"
         if response.is_success:
             return None
-        return (
-            f"{self.host} answered HTTP {response.status_code}: {self._redact(response.text[:200])}"
-        )
+        return f"{self.host} answered HTTP {response.status_code}: {self._redact(text[:200])}"
 
     def _redact(self, message: str) -> str:
         for secret in self._secrets:
             if len(secret) > 1:
                 message = message.replace(secret, "/…")
         return message
+
+
+def _head(response: Any, deadline: float) -> str:
+    """The answer's body (its first :data:`_ANSWER_MAX` bytes), read before ``deadline``."""
+    import httpx
+
+    chunks: list[bytes] = []
+    size = 0
+    for chunk in response.iter_bytes():
+        chunks.append(chunk)
+        size += len(chunk)
+        if size >= _ANSWER_MAX:
+            break
+        if time.monotonic() > deadline:
+            raise httpx.ReadTimeout("answer not complete within the deadline")
+    return b"".join(chunks)[:_ANSWER_MAX].decode(response.encoding or "utf-8", "replace")
 
 
 def _mrkdwn(text: str) -> str:

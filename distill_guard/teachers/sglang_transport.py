@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import httpx
 
+from distill_guard.http_deadline import bound, deadline_at
 from distill_guard.teachers.base import TeacherError, TeacherHTTPError, TeacherUnreachable
 
 _T = TypeVar("_T", bound="SGLangTransport")
@@ -115,7 +116,9 @@ class SGLangTransport:
         self._admin_key_env = admin_api_key_env if admin_key else None
         self.key_sources = KeySources(api_key_env, bool(key), admin_api_key_env, bool(admin_key))
         """Which variables the keys came from and whether each was set (never the keys)."""
-        self._client = httpx.Client(base_url=self.url, transport=transport)
+        # every socket operation gets only the time left before the call's deadline (a server
+        # that drips its headers is cut too); an injected mock transport is left as it is
+        self._client = bound(httpx.Client(base_url=self.url, transport=transport))
 
     def _request(
         self,
@@ -184,10 +187,15 @@ class SGLangTransport:
         limit: float,
     ) -> httpx.Response:
         """One request, its whole answer read before ``deadline``: httpx's timeout bounds each
-        socket read, and a server that drips its answer byte by byte would hold it forever."""
-        with self._client.stream(
-            method, path, json=json, headers=headers, timeout=httpx.Timeout(remaining)
-        ) as streamed:
+        socket read, and a server that drips its answer byte by byte would hold it forever. The
+        bound client gives each read (of the headers too) only the time left; the check per
+        chunk holds for a transport without a pool."""
+        with (
+            deadline_at(deadline),
+            self._client.stream(
+                method, path, json=json, headers=headers, timeout=httpx.Timeout(remaining)
+            ) as streamed,
+        ):
             chunks = []
             for chunk in streamed.iter_bytes():
                 chunks.append(chunk)
@@ -231,10 +239,13 @@ class SGLangTransport:
     def status_without_key(self, method: str, path: str, json: Any = None) -> int:
         """The status of one request sent with no ``Authorization`` header, once, within
         ``timeout_s``: whether the server refuses a caller without a key. Only the status is
-        returned, so nothing a server echoes (a key) can reach an output. No answer:
-        :class:`TeacherUnreachable`, naming only the error's type."""
+        returned, so nothing a server echoes (a key) can reach an output. No answer (all of it
+        within ``timeout_s``): :class:`TeacherUnreachable`, naming only the error's type."""
         try:
-            resp = self._client.request(method, path, json=json, headers={}, timeout=self.timeout_s)
+            with deadline_at(time.monotonic() + self.timeout_s):
+                resp = self._client.request(
+                    method, path, json=json, headers={}, timeout=self.timeout_s
+                )
         except httpx.TransportError as e:
             raise TeacherUnreachable(
                 f"{path}: no answer ({type(e).__name__})", endpoint=path

@@ -54,30 +54,41 @@ def child_env() -> dict[str, str]:
     return env
 
 
+def wait_healthy(proc: Any, url: str, *, timeout_s: float = 60.0) -> None:
+    """Return once ``url``'s ``/health`` answers 200; ``proc`` (a ``Popen``) exiting first, or
+    no such answer within ``timeout_s`` in all: :class:`GuardRuntimeError`. Each probe ends
+    within 1 s in total (a server that drips its answer is cut), and none outlives the wait."""
+    import httpx
+
+    from distill_guard.http_deadline import bound, deadline_at
+
+    deadline = time.monotonic() + timeout_s
+    with bound(httpx.Client(timeout=1.0)) as client:
+        while True:
+            if proc.poll() is not None:
+                out = proc.stdout.read().decode() if proc.stdout else ""
+                raise GuardRuntimeError(f"serve-reference exited {proc.returncode}: {out[-2000:]}")
+            probe_by = min(time.monotonic() + 1.0, deadline)
+            with contextlib.suppress(httpx.TransportError), deadline_at(probe_by):
+                if client.get(url + "/health").status_code == 200:
+                    return
+            if time.monotonic() >= deadline:
+                raise GuardRuntimeError(f"serve-reference did not answer on {url} in {timeout_s} s")
+            time.sleep(0.1)
+
+
 @contextlib.contextmanager
 def reference_subprocess(
     model_dir: str | Path, *extra: str, timeout_s: float = 60.0
 ) -> Iterator[str]:
     """``serve-reference`` in a child process; yields its URL once ``/health`` answers."""
-    import httpx
-
     port = free_port()
     cmd = [sys.executable, "-m", "distill_guard.cli", "serve-reference"]
     cmd += ["--model", str(model_dir), "--port", str(port), *extra]
     proc = subprocess.Popen(cmd, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if proc.poll() is not None:
-                out = proc.stdout.read().decode() if proc.stdout else ""
-                raise GuardRuntimeError(f"serve-reference exited {proc.returncode}: {out[-2000:]}")
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(url + "/health", timeout=1.0).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise GuardRuntimeError(f"serve-reference did not answer on {url} in {timeout_s} s")
-            time.sleep(0.1)
+        wait_healthy(proc, url, timeout_s=timeout_s)
         yield url
     finally:
         proc.terminate()
