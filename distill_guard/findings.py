@@ -53,6 +53,7 @@ class Code:
     TEACHER_STATE_UNKNOWN = "teacher.state_unknown"
     TEACHER_WEIGHTS_NOT_KEPT = "teacher.weights_not_kept"
     TEACHER_RELEASE_SKIPPED = "teacher.release_skipped"
+    TEACHER_CHECK_UNAVAILABLE = "teacher.check_unavailable"
     LOSS_JSD_CEILING = "loss.jsd_ceiling"
     LOSS_ABOVE_CEILING = "loss.above_ceiling"
     LOSS_REVERSE_KL_SIGNATURE = "loss.reverse_kl_signature"

@@ -141,6 +141,44 @@ def test_probe_refused_the_pause_exits_2_in_one_line_and_leaves_the_teacher_serv
             assert not t.asleep and len(t.score([list(range(9, 30))]).token_logprobs[0]) == 20
 
 
+@pytest.mark.parametrize("status", [404, 500])
+def test_probe_whose_release_is_refused_exits_2_and_reloads_nothing(
+    tiny_dir, capsys, status
+) -> None:
+    """The pause goes through but the release answers an error: nothing was released, so the
+    probe neither claims lost weights nor reloads a teacher that is as it was (it used to report
+    "lost its weights and was repaired" after an unneeded reload); one line, exit 2, the
+    traffic let go, the teacher serving."""
+    import importlib
+
+    from starlette.responses import JSONResponse
+
+    from distill_guard.testing.reference_server import ReferenceServer
+    from distill_guard.testing.reference_server.app import create_app
+
+    serve = importlib.import_module("distill_guard.testing.reference_server.serve")
+    server = ReferenceServer(TorchTeacher.from_pretrained(tiny_dir, enable_cpu_backup=True))
+    app = create_app(server)
+    seen: list[str] = []
+
+    @app.middleware("http")
+    async def refuse_release(request, call_next):
+        seen.append(request.url.path)
+        if request.url.path == "/release_memory_occupation":
+            return JSONResponse({"detail": "refused"}, status_code=status)
+        return await call_next(request)
+
+    with serve.ServerThread(app) as thread:
+        assert main(["probe", "--url", thread.url, "--cycles", "2"]) == 2
+        err = capsys.readouterr().err
+        said = [line for line in err.splitlines() if line.startswith("distill-guard probe")]
+        assert len(said) == 1 and "Traceback" not in err, err
+        assert f"HTTP {status}" in said[0] and "left serving as it was" in said[0], said
+        assert "/update_weights_from_disk" not in seen and "/continue_generation" in seen
+        with SGLangHTTPTeacher(thread.url) as t:
+            assert len(t.score([list(range(9, 30))]).token_logprobs[0]) == 20
+
+
 def test_probe_of_a_version_without_a_pause_route_exits_2_in_one_line(tiny_dir, capsys) -> None:
     """SGLang 0.4.8 has no /pause_generation: the guard's sleep cannot be made safe there, so
     the probe releases nothing, says so in one line and exits 2; the teacher still scores."""

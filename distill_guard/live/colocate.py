@@ -37,6 +37,7 @@ from distill_guard.teachers.base import (
     Teacher,
     TeacherError,
     TeacherStateError,
+    TeacherUnreachable,
     unknown_state,
 )
 
@@ -141,6 +142,7 @@ class ColocatedTeacher:
         """Take the reference the next wake is held against (canary, and the weights checksum
         where the server has one). Where the host sleeps the teacher itself, call it at a point
         where the teacher is awake and nothing else releases it meanwhile."""
+        findings: list[Finding] = []
         try:
             self.canary.fingerprint(self.teacher, step=step)
         except TeacherError as e:
@@ -148,20 +150,29 @@ class ColocatedTeacher:
             # has (an EMA teacher moves every step): without one, the wake checks only for
             # uniform and non-finite values (and against the checkpoint's reference, if any)
             self.canary.forget()
-            self._checksum = None
-            return [
+            findings.append(
                 teacher_error_finding(
                     e, step, during="fingerprint before sleep", severity=Severity.WARN
                 )
-            ]
-        try:  # a checksum that cannot be read is its own finding; the canary keeps its reference
+            )
+            if isinstance(e, TeacherUnreachable):  # no answer: the checksum would wait as long
+                self._checksum = None
+                return findings
+        # each check on its own: a checksum that cannot be read leaves the canary its reference,
+        # and a canary that could not score leaves the wake the checksum
+        try:
             self._checksum = self._weights_checksum()
         except TeacherError as e:
             self._checksum = None
-            return [
-                teacher_error_finding(e, step, during="weights checksum", severity=Severity.WARN)
-            ]
-        return []
+            still = (
+                "the canary still judges the wake"
+                if self.canary.last_fingerprint is not None
+                else "the wake is judged by the server's arguments and the canary's absolute tests"
+            )
+            findings += self._unavailable(step, "weights checksum", e, still)
+        else:
+            self._said.discard("unavailable:weights checksum")
+        return findings
 
     def wake(self, step: int, resume: Callable[[], Any] | None = None) -> list[Finding]:
         """Resume the teacher (or run the host's ``resume``), verify it, then let its traffic
@@ -290,6 +301,16 @@ class ColocatedTeacher:
                 return True  # unknown: the canary, after the traffic, is the judge
         return self._keeps_weights
 
+    def _unavailable(self, step: int, check: str, error: Exception, still: str) -> list[Finding]:
+        """``teacher.check_unavailable`` once per episode of ``check`` failing (a later success
+        ends the episode); the repeats are logged at INFO."""
+        kind = f"unavailable:{check}"
+        if kind in self._said:
+            log.info("distill_guard: step %s: the %s is still unavailable (%s)", step, check, error)
+            return []
+        self._said.add(kind)
+        return [colocated_findings.check_unavailable(step, check, error, still)]
+
     def _once(self, step: int, kind: str, message: str) -> list[Finding]:
         """A finding the run needs to hear once (a version on which the guard never releases);
         later occurrences are logged at INFO."""
@@ -307,12 +328,13 @@ class ColocatedTeacher:
         before, self._checksum = self._checksum, None
         self._slept_checksum = before  # the repair's reference until the next sleep
         try:
-            return self._compare_checksum(step, before)
+            compared = self._compare_checksum(step, before)
         except TeacherError as e:
-            found = teacher_error_finding(
-                e, step, during="weights checksum", severity=Severity.WARN
-            )
-            return [found], False
+            still = "the server's arguments and the canary still judge the wake"
+            return self._unavailable(step, "weights checksum", e, still), False
+        if before is not None:  # read on both sides: the episode, if any, is over
+            self._said.discard("unavailable:weights checksum")
+        return compared
 
     def _weights_checksum(self) -> str | None:
         """SGLang's exact, forward-free ``/weights_checker`` checksum, where there is one."""

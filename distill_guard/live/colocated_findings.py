@@ -36,7 +36,7 @@ def weights_not_kept(step: int | None) -> Finding:
         Severity.CRITICAL,
         "The teacher was released with the memory saver on and no weights CPU backup "
         "(its server arguments say so): SGLang does not keep its parameters, so it woke "
-        "with zeroed weights. Its traffic stays held until it is reloaded and verified "
+        "without them (zeroed, or whatever the memory held). Its traffic stays held until it is reloaded and verified "
         "(a halt leaves it paused). Relaunch it with --enable-weights-cpu-backup.",
         step,
         {"source": "server_info"},
@@ -55,4 +55,19 @@ def checksum_changed(step: int | None, before: str, after: str) -> Finding:
         "--enable-weights-cpu-backup.",
         step,
         {"checksum_before": before, "checksum_after": after, "source": "weights_checker"},
+    )
+
+
+def check_unavailable(step: int | None, check: str, error: Exception, still: str) -> Finding:
+    """``teacher.check_unavailable`` (warn): one of the wake's checks could not run (an endpoint
+    missing, refused or answering in a shape it should not); the others still judge, and
+    ``still`` names them. Said once per episode: later failures in a row are logged at INFO."""
+    return Finding(
+        Code.TEACHER_CHECK_UNAVAILABLE,
+        Severity.WARN,
+        f"The {check} could not be read: {type(error).__name__}: {error}. It is not a verdict "
+        f"on the teacher: {still}. Check the endpoint on this server (a version that claims "
+        "the route but does not serve it, a proxy in between, an auth key missing for it).",
+        step,
+        {"check": check, "error": str(error), "error_type": type(error).__name__},
     )

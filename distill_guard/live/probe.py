@@ -15,7 +15,7 @@ from distill_guard.live.colocate import ColocatedTeacher
 from distill_guard.live.preflight import preflight_teacher
 from distill_guard.live.repair import EventSink
 from distill_guard.policy import Action, Decision
-from distill_guard.teachers.base import Teacher, TeacherError
+from distill_guard.teachers.base import Teacher, TeacherError, unknown_state
 
 log = logging.getLogger("distill_guard")
 
@@ -39,6 +39,9 @@ class CycleReport:
     lost_weights: bool
     """The canary failed after this wake."""
     findings: list[Finding] = field(default_factory=list)
+    released: bool = True
+    """The teacher was released (False: the release was refused, unsafe now, or its outcome
+    unknown; nothing was woken, and the probe stops cycling)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -49,6 +52,7 @@ class CycleReport:
             "top1_logprob": _num(self.top1_logprob),
             "uniform": self.uniform,
             "lost_weights": self.lost_weights,
+            "released": self.released,
             "findings": [f.to_dict() for f in self.findings],
         }
 
@@ -152,6 +156,8 @@ def _cycles(
         report.findings += cycle.findings
         if on_cycle is not None:
             on_cycle(cycle)
+        if not cycle.released:
+            break  # nothing to wake; a state that is not known is not touched again
         if not cycle.lost_weights:
             continue
         if repair:
@@ -187,24 +193,17 @@ def restore(colocated: ColocatedTeacher, report: ProbeReport, on_event: EventSin
 
 def _one_cycle(colocated: ColocatedTeacher, i: int) -> CycleReport:
     slept = colocated.sleep(i)
-    refused = [
-        f
-        for f in slept
-        if str(f.values.get("during", "")).startswith("drain")
-        or f.code == Code.TEACHER_RELEASE_SKIPPED
-    ]
-    if refused and not colocated.asleep:  # the pause was refused or unsafe: nothing released
-        if i == 1:
-            error = refused[0].values.get("error") or refused[0].message
+    if not colocated.asleep:  # nothing released: refused, unsafe now, or its state unknown
+        if i == 1 and not unknown_state(colocated.teacher):
+            refused = next((f for f in slept if f.severity >= Severity.WARN), None)
+            why = (refused.values.get("error") or refused.message) if refused else "not released"
             raise NothingReleased(
-                f"the teacher could not be put to sleep ({error}), so nothing was cycled and it "
+                f"the teacher could not be put to sleep ({why}), so nothing was cycled and it "
                 "was left serving as it was"
             )
-        return CycleReport(i, 0.0, 0.0, None, None, False, False, slept)
-    if any(f.values.get("during") == "release" for f in slept):
-        return CycleReport(i, colocated.seconds["release"], 0.0, None, None, False, True, slept)
+        return CycleReport(i, 0.0, 0.0, None, None, None, False, slept, released=False)
     woke = colocated.wake(i)
-    sleep_wake = colocated.seconds["release"] + colocated.seconds["resume"]
+    sleep_wake = colocated.seconds.get("release", 0.0) + colocated.seconds.get("resume", 0.0)
     findings = slept + woke
     if colocated.held or any(f.code == Code.TEACHER_UNREACHABLE for f in woke):
         # held: the checksum failed before the traffic ran; else no resume or no canary answer
@@ -234,7 +233,8 @@ def format_table(report: ProbeReport) -> str:
             if c.top1_logprob is None or not math.isfinite(c.top1_logprob)
             else f"{c.top1_logprob:.4f}"
         )
-        result = "ok" if not c.lost_weights else ", ".join(sorted({f.code for f in c.findings}))
+        codes = ", ".join(sorted({f.code for f in c.findings}))
+        result = f"not released: {codes}" if not c.released else codes if c.lost_weights else "ok"
         lines.append(
             f"{c.cycle:>5}  {c.sleep_wake_s:>12.3f}  {c.canary_s:>8.3f}  {delta:>15}  {top1:>13}  "
             f"{'n/a' if c.uniform is None else 'yes' if c.uniform else 'no':>7}  {result}"
@@ -257,6 +257,10 @@ def format_report(report: ProbeReport, url: str, cycles: int, canary: Canary) ->
     lines += ["preflight:", *findings(pre)] if pre else []
     lines += [format_table(report)] if report.cycles else []
     lines += ["findings:", *findings(rest)] if rest else []
+    if report.cycles and len(report.cycles) < cycles:
+        last = report.cycles[-1]
+        why = "it was not released" if not last.released else "it lost its weights"
+        lines.append(f"Stopped after cycle {last.cycle} of {cycles}: {why}.")
     if any(c.lost_weights for c in report.cycles):
         lines.append(
             "The teacher lost its weights and was repaired (reload, flush) and verified by the "

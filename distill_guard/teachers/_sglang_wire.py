@@ -54,26 +54,24 @@ class SGLangScoring(TrackedTeacher):
 
     capabilities: Capabilities  # provided by the client
 
-    def _wire_token_ids(
-        self, n: int, asked: list[list[int]] | None
-    ) -> list[list[int]] | None:
+    def _wire_token_ids(self, n: int, asked: list[list[int]] | None) -> list[list[int]] | None:
         """The ``token_ids_logprob`` to send with ``n`` sequences that ask ``asked``. On a version
         where a mixed batch kills (``fatal_mixed_token_ids_batch``), the request matches the
         server's other traffic: id 0 for each sequence where it asks none and the traffic
         carries ids; refused (nothing sent) where it asks ids and the traffic carries none."""
+        if (asked is not None) == self.traffic_token_ids:
+            return asked  # as the traffic is: nothing to ask of the version
         if self.capabilities.mixed_token_ids_batch is not Outcome.KILLS:
             return asked
         if self.traffic_token_ids:
-            return asked if asked is not None else [[0] for _ in range(n)]
-        if asked is not None:
-            raise TeacherStateError(
-                f"refusing token_ids_logprob on {self.capabilities.note}: a prefill batch that "
-                "mixes it with a logprob request without it kills the scheduler on 0.5.10-0.5.15 "
-                "(torch.tensor(None)), and this client was told the server's other requests "
-                "carry none (traffic_token_ids=False). Upgrade to SGLang 0.5.16+, or set "
-                "traffic_token_ids=True if every request to this server carries token_ids_logprob"
-            )
-        return None
+            return [[0] for _ in range(n)]
+        raise TeacherStateError(
+            f"refusing token_ids_logprob on {self.capabilities.note}: a prefill batch that "
+            "mixes it with a logprob request without it kills the scheduler on 0.5.10-0.5.15 "
+            "(torch.tensor(None)), and this client was told the server's other requests "
+            "carry none (traffic_token_ids=False). Upgrade to SGLang 0.5.16+, or set "
+            "traffic_token_ids=True if every request to this server carries token_ids_logprob"
+        )
 
     def score(
         self,

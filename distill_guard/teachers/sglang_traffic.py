@@ -192,4 +192,10 @@ class SGLangTraffic(TrackedTeacher):
         self.sleep_state.check_awake("read the weights checksum")
         resp = self._request("POST", "/weights_checker", json={"action": "checksum"}, admin=True)
         body = answer_json(resp, "/weights_checker")
-        return checksum_of(body)
+        checksum = checksum_of(body)
+        if checksum is None:  # the version has one: an answer without it is not "no checksum"
+            raise TeacherError(
+                f"/weights_checker answered without a checksum on {self.capabilities.note} "
+                f"(no per_engine_checksum string, no ranks[].checksums): {str(body)[:200]}"
+            )
+        return checksum

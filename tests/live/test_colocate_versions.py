@@ -303,7 +303,10 @@ def test_a_checksum_that_cannot_be_read_after_the_wake_still_keeps_lost_weights_
 
         t.checksum = unreadable  # type: ignore[method-assign]
         found = colocated.wake(0)
-        assert [f.code for f in found] == [Code.TEACHER_UNREACHABLE, Code.TEACHER_WEIGHTS_NOT_KEPT]
+        assert [f.code for f in found] == [
+            Code.TEACHER_CHECK_UNAVAILABLE,
+            Code.TEACHER_WEIGHTS_NOT_KEPT,
+        ]
         assert colocated.held and _alive(url)
         t.checksum = real  # type: ignore[method-assign]
         outcome, _ = colocated.repair(0, found)
