@@ -8,7 +8,13 @@ are what a caller gets for a call it made wrongly, or for a teacher, file or ser
 
 from __future__ import annotations
 
-__all__ = ["GuardError", "GuardRuntimeError", "GuardTypeError", "GuardValueError"]
+__all__ = [
+    "GuardError",
+    "GuardRuntimeError",
+    "GuardStateError",
+    "GuardTypeError",
+    "GuardValueError",
+]
 
 
 class GuardError(Exception):
@@ -26,3 +32,11 @@ class GuardTypeError(GuardError, TypeError):
 
 class GuardRuntimeError(GuardError, RuntimeError):
     """A state the call cannot run in (a server that did not start, a run that must stop)."""
+
+
+class GuardStateError(GuardValueError):
+    """A saved guard state :meth:`~distill_guard.guard.DistillGuard.load_state_dict` refused: not
+    a mapping, a key or ``run`` field this version does not know (a state from another version),
+    or a value of the wrong kind (a corrupted checkpoint). The message names the key path (``guard
+    state: summary.halt: missing 'stage'``) and what to do; the guard is left exactly as it was,
+    since every part is validated before any is taken."""

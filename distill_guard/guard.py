@@ -30,6 +30,7 @@ from distill_guard.checks.base import CHECK_HOOKS
 from distill_guard.checks.canary import CanaryCheck
 from distill_guard.events import EventLog
 from distill_guard.findings import TEACHER_FAULTS, Code, Finding, internal_error
+from distill_guard.guard_state import say_staged, stage_state
 from distill_guard.live.canary import Canary
 from distill_guard.live.colocate import ColocatedTeacher
 from distill_guard.live.module_canary import ModuleCanary
@@ -100,6 +101,8 @@ class DistillGuard:
         self.checks = list(default_checks() if checks is None else checks)
         self.policy = policy if policy is not None else Policy()
         self.run = run if run is not None else RunSpec()
+        self._run_configured = run is not None
+        """Whether the run's facts were given (a loaded state's then never replace them)."""
         self.events = events if isinstance(events, EventLog) else EventLog(events, rank=rank)
         self.alerter = alerter if alerter is not None else Alerter(rank=rank)
         self.preset: str | None = None
@@ -336,13 +339,37 @@ class DistillGuard:
     def load_state_dict(self, state: Mapping[str, Any], *, keep_halt: bool = True) -> None:
         """Take the references and counts of a saved run. ``keep_halt=False`` resumes a run that
         halted, once its cause is fixed: everything is kept but the halt (kept, the guard would
-        halt again at its first hook); the event file records the halt being lifted."""
-        by_name = {c.name: c for c in self.checks}
-        for name, sub in state.get("checks", {}).items():
-            if name in by_name:
-                by_name[name].load_state_dict(sub)
-        self.policy.load_state_dict(state.get("policy", {}))
-        self.summary.load_state_dict(state.get("summary", {}))
+        halt again at its first hook); the event file records the halt being lifted.
+
+        Whole or not at all: every part (each check's sub-state, the policy, the summary and its
+        halt, ``run``, the teachers' part, the open incident) is checked and loaded into a staged
+        copy first, and taken only once all of them loaded. A state that is not a mapping, has
+        a key or ``run`` field this version does not know (another version's), or a value of
+        the wrong kind (a corrupted checkpoint) raises
+        :class:`~distill_guard.errors.GuardStateError` naming the key path, and the guard is
+        exactly as it was (:mod:`distill_guard.guard_state`). Missing keys are fine: a state
+        from before a field existed loads with its default.
+
+        ``run``: a value the guard holds is never replaced by a saved one. A value it holds is
+        one it was configured with (``run=``, or the config's ``run``), or learnt in this
+        process before the load (V from a teacher attached earlier); a saved value that differs
+        from it is said once (a WARNING and a ``state_run_kept`` event naming the field, both
+        values and what to check), and the guard goes on with its own. Refusing the resume
+        instead would stop a run whose configuration was changed on purpose (a β schedule, a
+        new teacher); taking the saved value would judge the run by a loss or V that is not
+        its own (a dead teacher read as near-uniform, not uniform), silently. A value the guard
+        does not hold (None: V and the teacher temperature it learns from its teacher; every
+        field of a guard built without ``run``) is the saved one, so what the run learnt is
+        restored. (The canaries' own tokens, V and fingerprints are restored as saved.)
+        """
+        staged = stage_state(self, state)  # raises GuardStateError; nothing has changed then
+        self.teachers.load_state_dict(staged.teachers)  # as checked on fresh canaries
+        for i, check in staged.checks.items():
+            self.checks[i] = check
+        if staged.policy is not None:
+            self.policy = staged.policy
+        if staged.summary is not None:
+            self.summary = staged.summary
         if not keep_halt and self.summary.halt is not None:
             lifted, self.summary.halt = self.summary.halt, None
             self.events.write("halt_lifted", step=lifted.step, halt=lifted.to_dict())
@@ -351,10 +378,10 @@ class DistillGuard:
                 lifted.step,
                 lifted.message,
             )
-        if "run" in state:
-            self.run = RunSpec(**state["run"])
-        self.open_incident = state.get("open_incident")
-        self.teachers.load_state_dict(state)
+        if staged.run is not None:
+            self.run = staged.run
+        self.open_incident = staged.open_incident
+        say_staged(self, staged)
 
     def close(self) -> None:
         """Deliver pending alerts, write the ``closed`` record (the run's summary), and flush

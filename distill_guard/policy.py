@@ -7,6 +7,7 @@ and action are split so a preset can watch without acting (``monitor_only``).
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
@@ -318,5 +319,10 @@ class _StepRun:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.run = int(state.get("run", 0))
-        self.last_step = state.get("last_step")
+        last_step = state.get("last_step")
+        if last_step is not None and (
+            isinstance(last_step, bool) or not isinstance(last_step, numbers.Integral)
+        ):
+            raise GuardValueError(f"last_step must be a step (an int) or None, got {last_step!r}")
+        self.last_step = None if last_step is None else int(last_step)
         self.last_hit = bool(state.get("last_hit", False))

@@ -33,6 +33,10 @@ from distill_guard.teachers.base import Teacher
 LIVE_STATE_KEYS = ("canary", "incidents")
 """The keys of a live teacher's state in the guard's state (:meth:`ColocatedTeacher.state_dict`)."""
 
+TEACHER_STATE_KEYS = (*LIVE_STATE_KEYS, "module_canary", "teacher_reference")
+"""Every key :meth:`WatchedTeachers.state_dict` adds to the guard's state (the guard refuses a
+state with a top-level key that is neither one of these nor one of its own)."""
+
 
 class WatchedTeachers:
     """The guard's teachers, their canaries and the reference they are held against.

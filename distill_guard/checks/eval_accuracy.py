@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from distill_guard.checks.base import Check, likely_cause
-from distill_guard.checks.robust import RollingMedian, follows_dead_teacher
+from distill_guard.checks.robust import RollingMedian, follows_dead_teacher, loaded_number
 from distill_guard.findings import Code, Finding, Severity
 from distill_guard.observations import Metric, RunSpec, StepMetrics
 
@@ -130,6 +130,6 @@ class EvalAccuracyCheck(Check):
         self._recent.load_state_dict(state.get("recent", {}))
         old = state.get("reference", {})
         pending = old.get("pending") or [None]
-        self._first = state.get("first", pending[0])
-        self._best = state.get("best", old.get("median"))
-        self._confirmed = state.get("confirmed")
+        self._first = loaded_number(state.get("first", pending[0]), "first")
+        self._best = loaded_number(state.get("best", old.get("median")), "best")
+        self._confirmed = loaded_number(state.get("confirmed"), "confirmed", int)

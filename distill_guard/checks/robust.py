@@ -11,16 +11,28 @@ its first update, the one level a failure present from step 0 cannot have moved.
 from __future__ import annotations
 
 import math
+import numbers
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from distill_guard.errors import GuardValueError
+from distill_guard.errors import GuardTypeError, GuardValueError
 from distill_guard.findings import Code, Finding, Severity
 
 MAD_TO_SIGMA = 1.4826
 """σ of a normal distribution per unit of median absolute deviation."""
+
+
+def loaded_number(value: Any, name: str, kind: type = float) -> Any:
+    """``name``'s number read back from a saved state as ``kind`` (None stays None); anything
+    else (a string, a list: a corrupted state) raises, so the guard refuses the state whole
+    instead of failing at a later step."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise GuardTypeError(f"{name} must be a number or None, got {type(value).__name__}")
+    return kind(value)
 
 
 @dataclass
@@ -76,8 +88,8 @@ class Reference:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.median = state.get("median")
-        self.sigma = state.get("sigma")
+        self.median = loaded_number(state.get("median"), "median")
+        self.sigma = loaded_number(state.get("sigma"), "sigma")
         self._pending = [float(x) for x in state.get("pending", [])]
         if "anchor" in state:
             self.anchor = None if state["anchor"] is None else float(state["anchor"])
@@ -252,10 +264,10 @@ class FollowUp:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.incident = state.get("incident")
-        self.baseline = state.get("baseline")
+        self.incident = loaded_number(state.get("incident"), "incident", int)
+        self.baseline = loaded_number(state.get("baseline"), "baseline")
         self.said = bool(state.get("said", False))
-        self.first = state.get("first")
+        self.first = loaded_number(state.get("first"), "first")
         self._recent = deque(
             ((int(s), float(v)) for s, v in state.get("recent", [])), maxlen=self._recent.maxlen
         )
