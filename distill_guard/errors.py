@@ -18,7 +18,16 @@ __all__ = [
 
 
 class GuardError(Exception):
-    """Base of every exception the package raises on purpose."""
+    """Base of every exception the package raises on purpose. Its message is redacted of every
+    secret the guard knows (:mod:`distill_guard.redaction`): a server that echoes a key in an
+    error does not put the key in a traceback."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        from distill_guard import redaction  # here: redaction imports nothing of the package
+
+        if redaction.known():
+            args = tuple(redaction.redact(a) if isinstance(a, str) else a for a in args)
+        super().__init__(*args, **kwargs)  # ModuleNotFoundError's name= and the like
 
 
 class GuardValueError(GuardError, ValueError):

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from distill_guard import redaction
+
 
 class Severity(str, Enum):
     """How bad a finding is. Ordered: info < warn < critical."""
@@ -40,6 +42,7 @@ class Code:
 
     TEACHER_UNIFORM = "teacher.uniform"
     TEACHER_NONFINITE = "teacher.nonfinite"
+    TEACHER_IMPOSSIBLE = "teacher.impossible_values"
     TEACHER_NEAR_UNIFORM = "teacher.near_uniform"
     TEACHER_VOCAB_MISMATCH = "teacher.vocab_mismatch"
     TEACHER_TOKENS_MISMATCH = "teacher.tokens_mismatch"
@@ -86,6 +89,7 @@ class Code:
 TEACHER_FAULTS = frozenset(
     {
         Code.TEACHER_UNIFORM,
+        Code.TEACHER_IMPOSSIBLE,
         Code.TEACHER_NEAR_UNIFORM,
         Code.TEACHER_NONFINITE,
         Code.TEACHER_FINGERPRINT_MISMATCH,
@@ -130,6 +134,11 @@ class Finding:
     """Training step the observation belongs to (``None`` before training, e.g. preflight)."""
     values: dict[str, Any] = field(default_factory=dict)
     """The measured numbers and bounds behind the message."""
+
+    def __post_init__(self) -> None:
+        if redaction.known():  # a server's echo of a key in an error must not reach any sink
+            object.__setattr__(self, "message", redaction.redact(self.message))
+            object.__setattr__(self, "values", redaction.redact_value(dict(self.values)))
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -80,6 +80,16 @@ def forkserver() -> multiprocessing.context.BaseContext:
 
 
 @pytest.fixture(autouse=True)
+def _fresh_secrets():
+    """Each test starts with no secret registered (one test's short key must not redact the
+    letters of the next one's output)."""
+    from distill_guard import redaction
+
+    yield
+    redaction.forget_all()
+
+
+@pytest.fixture(autouse=True)
 def _no_wandb_leaks(tmp_path, monkeypatch):
     """wandb never reaches the network, writes under tmp_path, and no run outlives a test."""
     monkeypatch.setenv("WANDB_SILENT", "true")

@@ -18,6 +18,7 @@ from distill_guard.alerts.wandb import WandbSink
 from distill_guard.alerts.webhook import WEBHOOK_ENV, WebhookSink, webhook_from_env
 from distill_guard.errors import GuardValueError
 from distill_guard.findings import Code
+from distill_guard.redaction import redact
 
 if TYPE_CHECKING:
     from distill_guard.policy import Decision
@@ -122,7 +123,7 @@ class Alerter:
         """Log the alert; hand it to the sinks unless throttled. True if a sink took it."""
         if level not in LEVELS:
             raise GuardValueError(f"alert level must be one of {LEVELS}, got {level!r}")
-        title = title[:MAX_TITLE]
+        title, text = redact(title)[:MAX_TITLE], redact(text)  # before any sink sees them
         if self.log_alerts:
             self._log(_LOG_LEVEL[level], title, text)
         if self.rank != 0 or not self.sinks:
@@ -170,6 +171,7 @@ class Alerter:
 
     def _reporter(self, sink: str, title: str) -> Failed:
         def failed(error: str) -> None:
+            error = redact(error)
             log.warning("distill_guard: %s alert %r not delivered: %s", sink, title, error)
             if self.on_error is not None:
                 self.on_error(sink, title, error)

@@ -23,6 +23,7 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
+from distill_guard import redaction
 from distill_guard.errors import GuardError, GuardValueError
 
 log = logging.getLogger("distill_guard")
@@ -111,7 +112,7 @@ class WebhookSink:
         self.url = url
         self.env = env
         self.host = host
-        self._secrets = [url, parsed.path]
+        redaction.register_url(url, whole=True)  # the URL is the secret: its key-like parts too
         self.timeout_s = timeout_s
         self._queue: queue.Queue[tuple[dict[str, Any], Any] | None] = queue.Queue(queue_size)
         self._thread: threading.Thread | None = None
@@ -226,16 +227,10 @@ class WebhookSink:
         except httpx.TimeoutException:
             return f"{self.host} did not answer within {self.timeout_s:g} s"
         except Exception as exc:  # noqa: BLE001 - a broken channel is a report, not a crash
-            return f"{type(exc).__name__}: {self._redact(str(exc))}"
+            return f"{type(exc).__name__}: {redaction.redact(str(exc))}"
         if response.is_success:
             return None
-        return f"{self.host} answered HTTP {response.status_code}: {self._redact(text[:200])}"
-
-    def _redact(self, message: str) -> str:
-        for secret in self._secrets:
-            if len(secret) > 1:
-                message = message.replace(secret, "/…")
-        return message
+        return f"{self.host} answered HTTP {response.status_code}: {redaction.redact(text[:200])}"
 
 
 def _head(response: Any, deadline: float) -> str:

@@ -29,6 +29,7 @@ from distill_guard.cli.base import (
     CommandFailed,
     UsageError,
     _Parser,
+    redacted_output,
 )
 from distill_guard.cli.live import (
     RELAX_FLAGS,
@@ -89,13 +90,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from distill_guard.teachers.base import TeacherError
-
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.ERROR,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    with redacted_output():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from distill_guard.teachers.base import TeacherError
+
     try:
         code = int(args.func(args))
         sys.stdout.flush()  # a closed pipe shows here, inside the try

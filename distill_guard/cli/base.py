@@ -1,13 +1,17 @@
 """What every ``distill-guard`` command shares: the exit codes, :class:`UsageError`, and the
-argparse pieces (a parser that never echoes a key, the global flags, a subcommand with --json)."""
+argparse pieces (a parser that never echoes a key, the global flags, a subcommand with --json),
+and the redacted output every command prints through."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
-from collections.abc import Callable
-from typing import NoReturn
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn
 
+from distill_guard import redaction
 from distill_guard.errors import GuardError
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
@@ -88,3 +92,30 @@ def _guard_config_args(p: argparse.ArgumentParser, set_example: str) -> None:
         metavar="KEY=VALUE",
         help=f"Hydra override on the guard config, {set_example}; repeatable",
     )
+
+
+class RedactedStream:
+    """A text stream that writes through :func:`distill_guard.redaction.redact`: everything a
+    command prints goes out without the secrets the guard knows (a key a server echoed into a
+    finding, a URL's userinfo)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(redaction.redact(text))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def redacted_output() -> Iterator[None]:
+    """``sys.stdout`` and ``sys.stderr`` redacted for the block."""
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = RedactedStream(out), RedactedStream(err)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = out, err

@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+from distill_guard import redaction
 from distill_guard.cli.base import EXIT_OK, UsageError, _global_flags
 from distill_guard.extras import require
 
@@ -52,7 +53,13 @@ def add_serve_reference(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--api-key-env",
         default=None,
-        help="environment variable holding an API key to require (Authorization: Bearer)",
+        help="environment variable holding an API key to require (Authorization: Bearer); "
+        "default SGLANG_API_KEY when it is set, the variable the clients send their key from",
+    )
+    p.add_argument(
+        "--no-api-key",
+        action="store_true",
+        help="serve without a key even when SGLANG_API_KEY is set",
     )
     p.add_argument(
         "--torch-threads",
@@ -78,11 +85,7 @@ def cmd_serve_reference(args: argparse.Namespace) -> int:
         build_tiny_qwen3(model, vocab_size=args.build_tiny)
     if not (model / "config.json").exists():
         raise UsageError(f"no config.json in {model} (--build-tiny V creates a tiny model there)")
-    api_key = None
-    if args.api_key_env:
-        api_key = os.environ.get(args.api_key_env)
-        if not api_key:
-            raise UsageError(f"--api-key-env {args.api_key_env}: the variable is not set")
+    api_key = _api_key(args)
     teacher = TorchTeacher.from_pretrained(
         model,
         enable_memory_saver=not args.disable_memory_saver,
@@ -94,9 +97,30 @@ def cmd_serve_reference(args: argparse.Namespace) -> int:
     server = ReferenceServer(
         teacher, version=args.sglang_version, api_key=api_key, launch_command=" ".join(sys.argv)
     )
+    keyed = f", key from ${args.api_key_env or DEFAULT_KEY_ENV}" if api_key else ", no key"
     print(
-        f"distill_guard reference server (NOT SGLang) for {model} on http://{args.host}:{args.port}",
+        f"distill_guard reference server (NOT SGLang) for {model} on http://{args.host}:{args.port}"
+        + keyed,
         flush=True,
     )
     serve(server, host=args.host, port=args.port)
     return EXIT_OK
+
+
+DEFAULT_KEY_ENV = "SGLANG_API_KEY"
+
+
+def _api_key(args: argparse.Namespace) -> str | None:
+    """The key to require: from ``--api-key-env``, else from ``$SGLANG_API_KEY`` when it is set
+    (fail closed: a key in the environment means one is meant), unless ``--no-api-key``. Real
+    SGLang reads no key from its environment (only ``--api-key``); this is the tool's choice."""
+    if args.no_api_key:
+        if args.api_key_env:
+            raise UsageError("--no-api-key and --api-key-env contradict each other: give one")
+        return None
+    name = args.api_key_env or DEFAULT_KEY_ENV
+    key = (os.environ.get(name) or "").strip()
+    if args.api_key_env and not key:
+        raise UsageError(f"--api-key-env {args.api_key_env}: the variable is not set")
+    redaction.register(key)
+    return key or None

@@ -43,7 +43,7 @@ __all__ = [
     "error_message",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("distill_guard")
 
 
 class SGLangHTTPTeacher(SGLangTraffic, SGLangScoring, SGLangTransport):

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import httpx
 
+from distill_guard import redaction
 from distill_guard.http_deadline import bound, deadline_at
 from distill_guard.teachers.base import TeacherError, TeacherHTTPError, TeacherUnreachable
 
@@ -107,7 +108,8 @@ class SGLangTransport:
         # httpx's error would then carry the key into a message
         key = (os.environ.get(api_key_env) or "").strip() if api_key_env else ""
         admin_key = (os.environ.get(admin_api_key_env) or "").strip() if admin_api_key_env else ""
-        self._secrets = [k for k in (key, admin_key) if k]
+        redaction.register(key, admin_key)  # and what a URL's userinfo or query holds:
+        redaction.register_url(base)
         self._headers = {"Authorization": f"Bearer {key}"} if key else {}
         self._admin_headers = (
             {"Authorization": f"Bearer {admin_key}"} if admin_key else dict(self._headers)
@@ -208,11 +210,10 @@ class SGLangTransport:
                 request=streamed.request,
             )
 
-    def _scrub(self, text: str) -> str:
+    @staticmethod
+    def _scrub(text: str) -> str:
         """No key in a message: a server's error body or httpx's may quote it."""
-        for secret in self._secrets:
-            text = text.replace(secret, "<redacted>")
-        return text
+        return redaction.redact(text)
 
     # -- public transport: for a caller that probes the server itself (probe --conformance) --
 

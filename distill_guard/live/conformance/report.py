@@ -6,12 +6,11 @@ and query, the served model's path, any secret in a message) before anything is 
 from __future__ import annotations
 
 import enum
-import re
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
+from distill_guard import redaction
 from distill_guard._version import __version__
 
 PRECONDITION = (
@@ -95,40 +94,14 @@ class ConformanceReport:
 # -- redaction ------------------------------------------------------------------------------
 
 
-def redact_url(url: str | None) -> str:
-    """The URL with any userinfo and query replaced (a password or token may sit there)."""
-    if not url:
-        return "in process"
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = host + (f":{parts.port}" if parts.port else "")
-    if parts.username or parts.password:
-        netloc = "<redacted>@" + netloc
-    query = "<redacted>" if parts.query else ""
-    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
-
-
-def url_secrets(url: str | None) -> list[str]:
-    """The userinfo of a URL, in every form a message may quote it."""
-    if not url:
-        return []
-    parts = urlsplit(url)
-    userinfo = parts.netloc.rpartition("@")[0] if "@" in parts.netloc else ""
-    found = [userinfo, parts.password or "", parts.query]
-    return sorted({s for s in found if s}, key=len, reverse=True)
+redact_url = redaction.redact_url
+url_secrets = redaction.url_secrets
 
 
 def scrub(text: str, secrets: list[str]) -> str:
-    """Every secret in ``text`` replaced; one shorter than 6 characters only where it stands as
-    a token of its own, so that it does not eat the letters of the words around it."""
-    for secret in sorted(secrets, key=len, reverse=True):
-        if len(secret) >= 6:
-            text = text.replace(secret, "<redacted>")
-        else:
-            text = re.sub(rf"(?<![\w.~+=-]){re.escape(secret)}(?![\w.~+=-])", "<redacted>", text)
-    return text
+    """Every secret in ``text`` replaced, the registered ones and ``secrets``
+    (:func:`distill_guard.redaction.redact`)."""
+    return redaction.redact(text, secrets)
 
 
 def model_name(path: Any) -> str | None:
