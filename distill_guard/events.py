@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from distill_guard.errors import GuardValueError
 from distill_guard.findings import _jsonable
+from distill_guard.redaction import redact
 
 if TYPE_CHECKING:
     pass
@@ -28,10 +29,13 @@ class EventLog:
     """Writes each event as one JSON line, in one ``write`` to a file opened for appending, so a
     crash loses nothing and several writers never interleave within a line.
 
-    Never raises into the trainer. An event that cannot be encoded is left out; after a write
-    error (a full disk, a file-size limit) the log stops, since a torn line must stay the last.
-    Either way ``lost`` counts what was not written and ``close`` reports it. Thread-safe: an
-    alert sink reports its failures from its own thread.
+    Never raises into the trainer. An event that cannot be encoded is left out. After a write
+    error (a full disk, a file-size limit) each later event is tried again; the first one that
+    goes through is preceded by an ``events_lost`` record (how many were lost, the error, and
+    whether a torn line was left, which the record's own line break ends, so
+    :func:`read_events` reads on past it). ``lost`` counts what was not written and ``close``
+    reports it. Thread-safe: an alert sink reports its failures from its own thread. Every line
+    is redacted of the secrets the guard knows (:mod:`distill_guard.redaction`).
     """
 
     def __init__(self, path: str | os.PathLike[str] | None, *, rank: int = 0) -> None:
@@ -40,6 +44,10 @@ class EventLog:
         self.lost = 0
         self._fd: int | None = None
         self._error: str | None = None
+        """The write error of the episode now on (None: the last write went through)."""
+        self._first_error: str | None = None
+        self._lost_now = 0
+        self._torn = False
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -64,32 +72,53 @@ class EventLog:
             self._write(kind, payload)
 
     def _write(self, kind: str, payload: dict[str, Any]) -> None:
-        if self._error is not None:
-            self.lost += 1
-            return
         record = {"time": round(time.time(), 3), "rank": self.rank, "kind": kind, **payload}
         try:
-            line = (json.dumps(_jsonable(record), allow_nan=False) + "\n").encode()
+            line = self._line(record)
         except (TypeError, ValueError) as exc:
             self.lost += 1
             log.error("distill_guard: event %r not written to %s: %s", kind, self.path, exc)
             return
+        if self._error is not None:  # after a failed write: say what was lost, then this one
+            lost = {"time": record["time"], "rank": self.rank, "kind": "events_lost"}
+            lost |= {"count": self._lost_now, "error": self._error, "torn": self._torn}
+            line = (b"\n" if self._torn else b"") + self._line(lost) + line
+        written = 0
         try:
             if self._fd is None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             view = memoryview(line)
             while view:
-                view = view[os.write(self._fd, view) :]
+                n = os.write(self._fd, view)
+                written += n
+                view = view[n:]
         except OSError as exc:
             self.lost += 1
+            self._lost_now += 1
+            self._torn = self._torn or written > 0
+            if self._error is None:
+                log.error(
+                    "distill_guard: event log %s: write error (%s); events are counted as lost "
+                    "and each later one is tried again",
+                    self.path,
+                    exc,
+                )
             self._error = str(exc)
-            log.error(
-                "distill_guard: event log %s stopped after a write error (%s); later events "
-                "reach only the Python logger",
+            self._first_error = self._first_error or self._error
+            return
+        if self._error is not None:
+            log.warning(
+                "distill_guard: event log %s writes again; %d event(s) lost meanwhile (%s)",
                 self.path,
-                exc,
+                self._lost_now,
+                self._error,
             )
+            self._error, self._lost_now, self._torn = None, 0, False
+
+    @staticmethod
+    def _line(record: dict[str, Any]) -> bytes:
+        return (redact(json.dumps(_jsonable(record), allow_nan=False)) + "\n").encode()
 
     def close(self) -> None:
         with self._lock:
@@ -106,7 +135,7 @@ class EventLog:
                 "distill_guard: %d event(s) not written to %s%s",
                 self.lost,
                 self.path,
-                f" (first write error: {self._error})" if self._error else "",
+                f" (first write error: {self._first_error})" if self._first_error else "",
             )
 
 
@@ -159,8 +188,9 @@ def _config(obj: Any) -> Any:
 
 def read_events(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """All events of a log file, in order. A torn last line (the writer was killed, or the disk
-    filled, mid-write) is left out with a warning; every complete event is still read. A bad
-    line before the last is an error naming the file and line."""
+    filled, mid-write) is left out with a warning; every complete event is still read. So is a
+    torn line that the writer's ``events_lost`` record ends. Any other bad line is an error
+    naming the file and line."""
     with open(path, encoding="utf-8", errors="replace") as fh:
         lines = [(i, line) for i, line in enumerate(fh, start=1) if line.strip()]
     events = []
@@ -171,5 +201,17 @@ def read_events(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
             if n == len(lines) - 1:
                 log.warning("distill_guard: %s:%d: torn last event left out (%s)", path, i, exc)
                 break
+            if _ends_a_tear(lines[n + 1][1]):
+                log.warning("distill_guard: %s:%d: torn event left out (%s)", path, i, exc)
+                continue
             raise GuardValueError(f"{path}:{i}: not a JSON event ({exc})") from None
     return events
+
+
+def _ends_a_tear(line: str) -> bool:
+    """The writer's record after a torn line: a write error left it, and the log went on."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(record, dict) and record.get("kind") == "events_lost" and record.get("torn")

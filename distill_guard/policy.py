@@ -267,6 +267,16 @@ def feasible(decision: Decision, *, update_pending: bool, can_reload: bool) -> D
             if update_pending
             else (Action.ALERT, "no live teacher to reload, and the update was already taken")
         )
+    elif decision.action is Action.SKIP_BATCH and not update_pending and _nonfinite_loss(decision):
+        done, why = (  # fail closed: what it would have skipped has reached the weights
+            Action.HALT,
+            "the update on a non-finite loss was already taken, so the student's weights may "
+            "now be NaN (a NaN gradient reaches every weight through the optimizer unless the "
+            "trainer skipped the step); halted. The halt checkpoint holds the weights after "
+            "that update: resume from the checkpoint before this step, and hand the guard the "
+            "raw loss before the optimizer (on_step_metrics(..., before_update=True)) to skip "
+            "such a step instead",
+        )
     elif decision.action is Action.SKIP_BATCH and not update_pending:
         done, why = Action.ALERT, "the update of this step was already taken: nothing skipped"
     else:
@@ -276,6 +286,14 @@ def feasible(decision: Decision, *, update_pending: bool, can_reload: bool) -> D
         action=done,
         intended=decision.intended or decision.action,
         message=f"{decision.message}; {why}",
+    )
+
+
+def _nonfinite_loss(decision: Decision) -> bool:
+    """A critical non-finite metric (the loss) among the decision's reasons."""
+    return any(
+        f.code == Code.METRIC_NONFINITE and f.severity is Severity.CRITICAL
+        for f in decision.reasons
     )
 
 

@@ -214,8 +214,8 @@ def test_events_one_line_per_finding_and_per_acting_decision_flushed(make_guard,
         HEALTHY,
         {**HEALTHY, "loss": math.nan, "truncated_ratio": math.inf},
     ]
-    for step, metrics in enumerate(streams * 3):
-        decisions.append(guard.on_step_metrics(step, metrics))
+    for step, metrics in enumerate(streams * 3):  # before the update: a NaN loss skips it
+        decisions.append(guard.on_step_metrics(step, metrics, before_update=True))
     decisions.append(guard.on_teacher_scores(12, topk_logprobs=torch.full((4, 4), -LN_QWEN3_V)))
     # read while the guard is still open: every line must already be on disk
     lines = path.read_text().splitlines()
@@ -231,7 +231,7 @@ def test_events_one_line_per_finding_and_per_acting_decision_flushed(make_guard,
     assert [(e["step"], e["code"]) for e in by_kind["finding"]] == [(f.step, f.code) for f in seen]
     assert all(e["rank"] == 0 and isinstance(e["time"], float) for e in events)
     stages = {e["stage"] for e in by_kind["finding"]}
-    assert stages == {"step_metrics", "teacher_scores"}
+    assert stages == {"step_metrics_before_update", "teacher_scores"}
     # a NaN value in a finding is carried as a string, never as a bare NaN token
     nan_event = next(e for e in by_kind["finding"] if e["code"] == Code.METRIC_NONFINITE)
     assert nan_event["values"]["value"] in ("nan", "inf")
@@ -393,7 +393,7 @@ def test_memory_is_bounded_over_20k_steps(quiet_alerter):
             "student_entropy": 0.41 + 0.01 * ((s * 7) % 5 - 2),
             "truncated_ratio": 0.9 if (s // 50) % 2 else 0.04,  # warns half the time
         }
-        guard.on_step_metrics(s, m)
+        guard.on_step_metrics(s, m, before_update=True)  # a NaN loss skips, never halts
 
     for s in range(2_000):
         step(s)
@@ -431,17 +431,28 @@ def test_a_non_numeric_metric_is_an_internal_error_not_a_crash(make_guard, bad):
 
 def test_a_skip_after_the_update_is_recorded_as_not_done(make_guard, tmp_path):
     guard = make_guard(run=RUN)
-    d = guard.on_step_metrics(0, {**HEALTHY, "loss": math.nan})  # a non-teacher critical
-    assert d.action is Action.ALERT and d.intended is Action.SKIP_BATCH and not d.acts
-    assert "already taken: nothing skipped" in d.message
-    d = guard.on_step_metrics(1, {**HEALTHY, "loss": math.nan}, before_update=True)
+    d = guard.on_step_metrics(0, {**HEALTHY, "loss": math.nan}, before_update=True)
     assert d.action is Action.SKIP_BATCH and d.intended is None
     guard.close()
     logged = [e for e in read_events(tmp_path / "events.jsonl") if e["kind"] == "decision"]
-    assert [(e["action"], e["intended"]) for e in logged] == [
-        ("alert", "skip_batch"),
-        ("skip_batch", None),
-    ]
+    assert [(e["action"], e["intended"]) for e in logged] == [("skip_batch", None)]
+
+
+def test_a_nan_loss_after_the_update_halts_since_the_weights_took_it(make_guard, tmp_path):
+    """Before the optimizer a NaN loss skips its update; after it, that update has reached the
+    weights (a NaN gradient through AdamW makes every weight NaN), so the guard fails closed:
+    a halt that says the skip could not be done and which checkpoint to resume from. It used
+    to alert only, and the run trained on."""
+    guard = make_guard(run=RUN)
+    d = guard.on_step_metrics(0, {**HEALTHY, "loss": math.nan})
+    assert d.action is Action.HALT and d.intended is Action.SKIP_BATCH
+    assert "already taken" in d.message and "checkpoint before this step" in d.message
+    guard.close()
+    logged = [e for e in read_events(tmp_path / "events.jsonl") if e["kind"] == "decision"]
+    assert [(e["action"], e["intended"]) for e in logged] == [("halt", "skip_batch")]
+    warmup = make_guard(run=RUN)  # a NaN entropy is a warning, not the loss: it only alerts
+    d = warmup.on_step_metrics(0, {**HEALTHY, "student_entropy": math.nan})
+    assert d.action is Action.ALERT
 
 
 def test_a_rewake_without_a_teacher_is_never_recorded_as_one(make_guard, tmp_path):
@@ -461,7 +472,7 @@ def test_a_loss_at_the_ceiling_with_a_healthy_teacher_blames_the_student(make_gu
     the loss sits at ln 2. Not the teacher's fault, and no skipping forever."""
     seen: list[Finding] = []
     guard = make_guard(run=RUN, on_finding=seen.append)
-    healthy_scores = -torch.rand(32, 8).sort(dim=1).values
+    healthy_scores = torch.log_softmax(3 * torch.randn(32, 100), dim=-1).topk(8).values
     actions = []
     for step in range(6):
         guard.on_teacher_scores(step, topk_logprobs=healthy_scores)

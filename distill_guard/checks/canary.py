@@ -181,6 +181,18 @@ class CanaryCheck:
                     {**common, "nonfinite": nonfinite, "count": everything.numel()},
                 )
             )
+        elif impossible := _impossible(everything, topk):
+            findings.append(
+                Finding(
+                    Code.TEACHER_IMPOSSIBLE,
+                    Severity.CRITICAL,
+                    f"Canary: the teacher's answer is not log-probabilities: {impossible} "
+                    f"(bound {IMPOSSIBLE_ATOL:g}). Its weights, its numerics or what answers at its "
+                    f"URL is wrong. {FIX}",
+                    step,
+                    common,
+                )
+            )
         elif uniform_v is not None:
             findings.append(self._uniform_finding(tok, topk, uniform_v, inferred, top1, step))
         elif (
@@ -348,3 +360,21 @@ class CanaryCheck:
         if guess < max(topk.shape[1], 2) or abs(uniform_logprob(guess) - v) > self.uniform_atol:
             return None, False
         return guess, True
+
+
+IMPOSSIBLE_ATOL = 1e-3
+"""How far past 0 a log-probability, or past 1 a top-k row's mass, may read before it is
+impossible (fp32 rounding stays far inside it)."""
+
+
+def _impossible(everything: torch.Tensor, topk: torch.Tensor | None) -> str | None:
+    """What no distribution gives (all values finite): a logprob above 0, a top-k row (distinct
+    ids) whose probabilities sum past 1."""
+    high = float(everything.max()) if everything.numel() else 0.0
+    if high > IMPOSSIBLE_ATOL:
+        return f"a logprob of {high:+.4g} (a log-probability is ≤ 0)"
+    if topk is not None and topk.numel() and topk.shape[-1] > 1:
+        mass = float(torch.logsumexp(topk, dim=-1).max())
+        if mass > IMPOSSIBLE_ATOL:
+            return f"a top-k row whose probabilities sum to {math.exp(mass):.4g} (at most 1)"
+    return None

@@ -154,6 +154,9 @@ class TeacherCollapseCheck(Check):
         findings = self._nonfinite(x, kind, scores.step, topk=topk) if stats.nonfinite else []
         if stats.nonfinite == stats.count:
             return findings
+        impossible = self._impossible(x, values, kind, scores.step, topk=topk)
+        if impossible:  # not log-probabilities: nothing below can be read from them
+            return findings + impossible
         measured = {
             "input": kind,
             "count": int(x.shape[0]),
@@ -270,6 +273,38 @@ class TeacherCollapseCheck(Check):
                 f"a near-uniform distribution. Find and restart that part. {FIX}",
                 scores.step,
                 {**measured, "sample_fraction": frac, "samples": int(ids.numel()), "bound": bound},
+            )
+        ]
+
+    def _impossible(
+        self, x: torch.Tensor, values: torch.Tensor, kind: str, step: int, *, topk: bool
+    ) -> list[Finding]:
+        """Values no distribution has: a log-probability above 0, or a top-k row whose
+        probabilities sum past 1 (distinct ids of one distribution never do), each beyond
+        ``atol``. Logits, a sign error or a wrong reduction between the teacher and the guard."""
+        finite = torch.isfinite(values)
+        high = float(torch.where(finite, values, -math.inf).max()) if bool(finite.any()) else 0.0
+        mass = -math.inf
+        if topk and x.shape[1] > 1:
+            rows = torch.where(torch.isfinite(x), x, -math.inf)
+            mass = float(torch.logsumexp(rows.float(), dim=1).max())
+        if high <= self.atol and mass <= self.atol:
+            return []
+        what = (
+            f"the largest is {high:+.4g} (a log-probability is ≤ 0)"
+            if high > self.atol
+            else f"a row's probabilities sum to {math.exp(mass):.4g} (at most 1)"
+        )
+        return [
+            Finding(
+                Code.TEACHER_IMPOSSIBLE,
+                Severity.CRITICAL,
+                f"The teacher {kind} are not log-probabilities: {what}, beyond {self.atol:g}. "
+                "A loss built on them trains toward nothing the teacher said. Check what reaches "
+                "the guard and the loss: logits where log-softmax was meant, a sign flipped, "
+                "or the wrong tensor.",
+                step,
+                {"input": kind, "max_logprob": high, "max_row_logmass": mass, "atol": self.atol},
             )
         ]
 

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +15,8 @@ from distill_guard.errors import GuardTypeError
 from distill_guard.findings import Code, Finding, Severity
 from distill_guard.live.teacher_temperature import takes_temperature
 from distill_guard.teachers.base import Teacher, TeacherError
+
+log = logging.getLogger("distill_guard")
 
 if TYPE_CHECKING:
     from distill_guard.live.teacher_reference import TeacherReference
@@ -202,8 +205,17 @@ class Canary:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._tokens = list(state["tokens"]) if state.get("tokens") is not None else None
-        if state.get("vocab_size") is not None:
-            self.vocab_size = int(state["vocab_size"])
+        saved = state.get("vocab_size")
+        if saved is not None and self.check.vocab_size is None:  # a configured V is kept
+            self.vocab_size = int(saved)
+        elif saved is not None and int(saved) != self.check.vocab_size:
+            log.warning(
+                "distill_guard: the saved canary vocabulary size %s differs from the configured "
+                "checks.canary.vocab_size %s; the configured one is kept. Check that the run "
+                "resumes with the teacher it was saved with.",
+                saved,
+                self.check.vocab_size,
+            )
         fp = state.get("fingerprint")
         self._fingerprint = CanaryMeasurement.from_dict(fp) if fp else None
         if state.get("reference"):

@@ -103,8 +103,9 @@ class Capabilities:
     def note(self) -> str:
         if self.known:
             return f"SGLang {self.version}"
+        what = "a pre-release" if is_prerelease(self.version) else "unknown server version"
         return (
-            f"unknown server version {self.version!r} (the table covers SGLang 0.4.7–"
+            f"{what} {self.version!r} (the table covers SGLang 0.4.7–"
             f"{'.'.join(map(str, NEWEST_READ))}): treated conservatively (memory tags ignored, "
             "so every release and resume acts on everything; no /model_info; no checksum; a "
             "release only once the server is idle with nothing waiting)"
@@ -182,12 +183,22 @@ def parse_version(text: object) -> Version | None:
     return (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None
 
 
+def is_prerelease(text: object) -> bool:
+    """``0.5.23rc1``, ``0.5.23.dev3``, ``0.5.23a1``: built before 0.5.23, so neither its row nor
+    the one before is known to hold (a ``.postN`` is the release with fixes, read as it)."""
+    return isinstance(text, str) and bool(
+        re.search(r"\d(?:[.\-]?)(?:rc|dev|a|b|alpha|beta)\d*", text.split("+")[0])
+    )
+
+
 def capabilities_for(version: object) -> Capabilities:
     """The capability row of ``version`` (``docs/sglang-contract.md`` §7.2); a version that is not
-    a string is read as unknown."""
+    a string, or a pre-release (:func:`is_prerelease`), is read as unknown."""
     try:
         v = parse_version(version)
     except GuardTypeError:
+        v = None
+    if v is not None and is_prerelease(version):  # before its release: not that release's row
         v = None
     shown = version if isinstance(version, str) or version is None else repr(version)
     values = {name: fact.value_at(v) for name, fact in FACT_BY_NAME.items()} if v else {}

@@ -280,7 +280,11 @@ FACTS: tuple[Fact, ...] = (
         "fatal_mixed_token_ids_batch",
         "a prefill batch where one request asks `token_ids_logprob` and another asks input "
         "logprobs without it",
-        ((_v("0.4.7"), Outcome.HARMLESS), (_v("0.5.10"), Outcome.KILLS), (_v("0.5.16"), Outcome.HARMLESS)),
+        (
+            (_v("0.4.7"), Outcome.HARMLESS),
+            (_v("0.5.10"), Outcome.KILLS),
+            (_v("0.5.16"), Outcome.HARMLESS),
+        ),
         "the batch-wide `extend_token_ids_logprob = any(x is not None ...)` (0.5.12 "
         "`layers/logits_processor.py:164-166`) sends every request through "
         "`get_token_ids_logprobs_raw`; from 0.5.10 its prefill branch calls "

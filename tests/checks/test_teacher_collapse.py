@@ -226,9 +226,15 @@ def test_a_healthy_or_steady_high_mean_is_never_read_as_pinned():
 
 
 def spread_rows(n, top1, k=8, gap=0.05, seed=0):
+    """Top-k rows of a real distribution (mass at most 1): top-1 about ``top1``, the rest
+    ``gap`` apart, lowered as a block where they would carry more than what the top-1 leaves."""
     g = torch.Generator().manual_seed(seed)
     start = top1 + 0.03 * abs(top1) * torch.randn(n, 1, generator=g)
-    return start - gap * torch.arange(k).float() * (1 + torch.rand(n, k, generator=g))
+    rows = start - gap * torch.arange(k).float() * (1 + torch.rand(n, k, generator=g))
+    head, tail = rows[:, :1], rows[:, 1:]
+    room = torch.log1p(-head.exp()) + math.log(0.99)  # what the top-1 leaves, with a margin
+    excess = (torch.logsumexp(tail, dim=1, keepdim=True) - room).clamp(min=0)
+    return torch.cat([head, tail - excess], dim=1)
 
 
 def test_a_spread_but_not_uniform_teacher_is_near_uniform():
@@ -281,3 +287,47 @@ def test_a_healthy_sample_with_mostly_uncertain_positions_is_not_a_partial_colla
     sample = torch.arange(8).repeat_interleave(32)
     scores = TeacherScores(0, topk_logprobs=rows, sample_index=sample)
     assert TeacherCollapseCheck().on_teacher_scores(scores, run) == []
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda v: (
+            torch.full((16,), -1.0),
+            torch.full((16, 4), -2.0) + torch.tensor([2.7, 0, 0, 0]),
+        ),
+        lambda v: (torch.full((16,), 0.7), None),
+        lambda v: (torch.full((16,), -1.0), torch.log(torch.full((16, 4), 0.4))),
+    ],
+    ids=["top-k logprob +0.7", "token logprob +0.7", "top-k row mass 1.6"],
+)
+def test_values_no_distribution_has_are_critical_never_healthy(make) -> None:
+    """A positive logprob, or a top-k row summing past 1, is not a distribution (logits, a
+    sign error): critical, whatever V is, configured or not."""
+    from distill_guard.checks.teacher_collapse import TeacherCollapseCheck
+    from distill_guard.findings import Code, Severity
+    from distill_guard.observations import RunSpec, TeacherScores
+
+    tok, top = make(None)
+    for vocab in (None, 151936):
+        found = TeacherCollapseCheck().on_teacher_scores(
+            TeacherScores(3, tok, top), RunSpec(vocab_size=vocab)
+        )
+        assert [f.code for f in found] == [Code.TEACHER_IMPOSSIBLE], found
+        assert (
+            found[0].severity is Severity.CRITICAL and "not log-probabilities" in found[0].message
+        )
+
+
+def test_a_healthy_peaked_teacher_is_not_impossible() -> None:
+    """fp32 logprobs of a peaked distribution sit at about 0 and its top-k sums to about 1."""
+    from distill_guard.checks.teacher_collapse import TeacherCollapseCheck
+    from distill_guard.observations import RunSpec, TeacherScores
+
+    logits = torch.randn(64, 1000) * 30
+    lp = torch.log_softmax(logits, dim=-1)
+    top = lp.topk(16, dim=-1).values
+    found = TeacherCollapseCheck().on_teacher_scores(
+        TeacherScores(0, top[:, 0].clone(), top), RunSpec(vocab_size=1000)
+    )
+    assert found == []

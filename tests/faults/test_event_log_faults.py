@@ -137,14 +137,38 @@ def test_an_event_that_cannot_be_encoded_is_counted_and_the_log_goes_on(tmp_path
     assert "1 event(s) not written" in caplog.text
 
 
-def test_the_log_stops_after_a_write_error_so_a_torn_line_stays_last(tmp_path):
+def test_after_a_write_error_the_log_goes_on_and_records_what_it_lost(tmp_path):
+    """A disk that fills, then frees (the chaos soak's full disk): the events in between are
+    counted, and the first event that goes through is preceded by an ``events_lost`` record."""
     path = tmp_path / "events.jsonl"
     log = EventLog(path)
     log.write("finding", step=0)
-    os.close(log._fd)  # the next write fails with EBADF, as a vanished disk would
-    log._fd = os.open(os.devnull, os.O_RDONLY)
+    good = log._fd
+    log._fd = os.open(os.devnull, os.O_RDONLY)  # the next writes fail with EBADF
     log.write("finding", step=1)
     log.write("finding", step=2)
     assert log.lost == 2
+    os.close(log._fd)
+    log._fd = good
+    log.write("finding", step=3)
     log.close()
-    assert [e["step"] for e in read_events(path)] == [0]
+    events = read_events(path)
+    assert [e["kind"] for e in events] == ["finding", "events_lost", "finding"]
+    assert [e.get("step") for e in events] == [0, None, 3]
+    assert events[1]["count"] == 2 and events[1]["torn"] is False and events[1]["error"]
+
+
+def test_a_torn_line_left_by_a_write_error_is_ended_and_read_past(tmp_path, caplog):
+    """A write that fails half-way leaves a torn line; the recovery record's line break ends it,
+    and the reader leaves the torn event out with a warning and reads on."""
+    path = tmp_path / "events.jsonl"
+    log = EventLog(path)
+    log.write("finding", step=0)
+    with open(path, "ab") as f:
+        f.write(b'{"time": 1, "kind": "fin')  # as a half-written event leaves it
+    log._error, log._lost_now, log._torn = "File too large", 1, True
+    log.write("finding", step=2)
+    log.close()
+    events = read_events(path)
+    assert [e["kind"] for e in events] == ["finding", "events_lost", "finding"]
+    assert "torn event left out" in caplog.text

@@ -196,3 +196,18 @@ def test_teacher_errors_become_unreachable_findings() -> None:
     f = teacher_error_finding(TeacherUnreachable("no answer within 30 s"), 5, during="canary")
     assert f.code == Code.TEACHER_UNREACHABLE and f.severity is Severity.CRITICAL
     assert "during canary" in f.message and f.step == 5
+
+
+def test_a_saved_canary_vocabulary_never_replaces_the_configured_one(caplog) -> None:
+    """A state saved with V = 1000 resumed under checks.canary.vocab_size = 151936: the
+    configured V stays (a dead teacher is then still read as uniform), and the difference is
+    said; without a configured V the saved one is taken."""
+    from distill_guard.live.canary import Canary
+
+    saved = Canary(vocab_size=1000).state_dict()
+    configured = Canary(vocab_size=151936)
+    configured.load_state_dict(saved)
+    assert configured.vocab_size == 151936 and "configured one is kept" in caplog.text
+    learnt = Canary()
+    learnt.load_state_dict(saved)
+    assert learnt.vocab_size == 1000
