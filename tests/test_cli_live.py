@@ -208,3 +208,37 @@ def test_the_admin_key_is_read_from_the_variable_named_on_the_command_line(
             == 0
         )
         assert "adm1n" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("version", [0.5, "0.5.23rc1"])
+def test_preflight_of_a_server_whose_version_names_no_release_says_so(
+    tiny_dir, capsys, version
+) -> None:
+    """``/server_info`` answers ``"version": 0.5`` (a JSON number) or a pre-release: no
+    traceback, and a warning naming the version and the conservative reading, never a clean
+    bill of health by silence."""
+    import importlib
+
+    from starlette.responses import JSONResponse
+
+    from distill_guard.testing.reference_server import ReferenceServer
+    from distill_guard.testing.reference_server.app import create_app
+
+    serve = importlib.import_module("distill_guard.testing.reference_server.serve")
+    app = create_app(
+        ReferenceServer(TorchTeacher.from_pretrained(tiny_dir, enable_cpu_backup=True))
+    )
+
+    @app.middleware("http")
+    async def odd_version(request, call_next):
+        response = await call_next(request)
+        if request.url.path not in ("/server_info", "/get_server_info"):
+            return response
+        info = json.loads(b"".join([chunk async for chunk in response.body_iterator]))
+        return JSONResponse(info | {"version": version})
+
+    with serve.ServerThread(app) as thread:
+        main(["preflight", "--url", thread.url])
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err
+    assert "[WARN    ] config.unchecked" in out.out and repr(version) in out.out, out.out

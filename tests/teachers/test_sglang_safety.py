@@ -45,6 +45,15 @@ def test_an_unknown_version_is_read_conservatively_and_says_so():
     assert "unknown server version" in caps.note and "conservatively" in caps.note
 
 
+@pytest.mark.parametrize("version", [0.5, 5, ["0.5.23"], {"v": 1}, True, "0.5.23rc1", "0.5.23.dev2"])
+def test_a_version_that_names_no_release_is_unknown_never_an_error(version):
+    """A JSON number, list or object, or a pre-release (built before its release, so neither
+    its row nor the one before is known to hold): the conservative row, said in its note."""
+    caps = capabilities_for(version)
+    assert not caps.known and not caps.checksum and "conservatively" in caps.note
+    assert capabilities_for("0.5.23.post1").known and capabilities_for("0.5.23").checksum
+
+
 @pytest.mark.parametrize("version", ["0.4.8", "0.5.5"])
 def test_tags_are_honoured_on_servers_without_server_info(tiny_dir, serve, version) -> None:
     url, teacher = serve(tiny_dir, version=version)
