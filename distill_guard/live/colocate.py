@@ -77,9 +77,11 @@ class ColocatedTeacher:
         self.repair_attempts = repair_attempts
         self.repair_backoff_s = repair_backoff_s
         self.incidents = IncidentTracker()
-        self.held = False
+        self.held = bool(getattr(teacher, "paused", False))
         """The guard's pause holds the teacher's traffic (from its drain until the wake has
-        verified it): requests sent meanwhile wait, and run once it is released."""
+        verified it): requests sent meanwhile wait, and run once it is released. A client
+        whose pause still holds (a guard restored onto it after a restart) starts held, so
+        its first wake lets the traffic go."""
         self._checksum: str | None = None
         self._slept_checksum: str | None = None
         self._keeps_weights: bool | None = None

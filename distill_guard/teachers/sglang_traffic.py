@@ -60,6 +60,12 @@ class SGLangTraffic(TrackedTeacher):
     """The guard's ``/pause_generation`` holds the server's traffic (until :meth:`undrain`)."""
     _request: Callable[..., httpx.Response]
 
+    @property
+    def paused(self) -> bool:
+        """This client's ``/pause_generation`` holds the server's traffic (until :meth:`undrain`):
+        a guard attached to the client meanwhile (restored after a restart) must let it go."""
+        return self._paused
+
     def drain(self) -> bool:
         """Hold new requests and make sure the release's idle check will pass, per version
         (``docs/sglang-contract.md`` §7.2), or raise :class:`ReleaseUnsafe` with the server left

@@ -147,3 +147,28 @@ def test_an_answer_without_a_checksum_is_an_error_not_no_checksum(tiny_dir) -> N
         pytest.raises(TeacherError, match="without a checksum"),
     ):
         t.checksum()
+
+
+def test_a_guard_restored_onto_a_paused_client_lets_its_traffic_go(tmp_path) -> None:
+    """The run stops between the sleep and the wake (a halt, a preemption) and a new guard is
+    built on the same client: its first wake resumes the teacher and lets the old pause go,
+    so scoring answers (it used to wait behind the pause until its deadline, and the step
+    blamed the teacher with teacher.unreachable). Found by benchmarks/chaos_soak.py."""
+    from distill_guard import build_guard
+    from distill_guard.policy import Action
+    from distill_guard.teachers import SGLangHTTPTeacher
+    from distill_guard.testing.servers import reference_teacher
+
+    model = build_tiny_qwen3(tmp_path / "m", vocab_size=64)
+    quiet = ["alerts.use_wandb=false", "events_path=null"]
+    with reference_teacher(model, enable_cpu_backup=True) as (url, _):
+        teacher = SGLangHTTPTeacher(url, timeout_s=2)
+        first = build_guard("default", quiet, teacher=teacher)
+        first.sleep(0)
+        state = first.state_dict()
+        first.close()
+        second = build_guard("default", quiet, teacher=teacher)
+        second.load_state_dict(state, keep_halt=False)
+        d = second.wake(1)
+        assert d.action is Action.CONTINUE, d
+        assert not teacher.paused and teacher.score([[1, 2, 3, 4]], top_k=4).topk_logprobs
