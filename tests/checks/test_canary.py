@@ -80,3 +80,17 @@ def test_drawn_tokens_are_seeded_and_below_v():
     assert CanaryCheck(tokens=[5, 6]).draw_tokens(V) == [5, 6]
     with pytest.raises(ValueError, match="at least 2 tokens"):
         CanaryCheck(tokens=[5]).draw_tokens(V)
+
+
+@pytest.mark.parametrize(
+    ("token", "top"),
+    [([0.7] * 8, None), ([-1.0] * 8, [[-0.2, -0.3, -0.4]] * 8)],
+    ids=["a positive logprob", "a top-k row summing past 1"],
+)
+def test_a_canary_answer_no_distribution_gives_is_critical(token, top) -> None:
+    """The canary's answer is not log-probabilities (logits, a sign flipped, something else
+    answering at the teacher's URL): critical, never a healthy wake."""
+    measured = CanaryMeasurement(list(range(9)), token, top, None, step=1)
+    findings, _ = CanaryCheck().judge(measured, None, vocab_size=1000, deterministic=False)
+    assert [f.code for f in findings] == [Code.TEACHER_IMPOSSIBLE]
+    assert findings[0].severity is Severity.CRITICAL
