@@ -22,7 +22,6 @@ from distill_guard.live.teacher_temperature import (
     takes_temperature,
 )
 from distill_guard.teachers.base import Teacher
-from distill_guard.teachers.capabilities import capabilities_for
 
 if TYPE_CHECKING:
     from distill_guard.live.canary import Canary
@@ -182,21 +181,19 @@ def preflight_teacher(
     """
     teacher_temperature = check_teacher_temperature(teacher_temperature)
     info = teacher.server_info()
-    findings = _version_findings(info, step) + _server_args_findings(info, step)
+    findings = _version_findings(teacher, step) + _server_args_findings(info, step)
     findings += preflight_teacher_temperature(
         teacher_temperature, info, teacher=teacher, canary=canary, step=step
     )
     return findings
 
 
-def _version_findings(info: Mapping[str, Any], step: int | None) -> list[Finding]:
-    """A server that reports a version the table does not cover (not a string, a pre-release,
-    unparseable, newer than the newest read) is run conservatively: said, never healthy by
-    silence. A teacher that reports no version at all (an in-process module) is not SGLang."""
-    if "version" not in info:
-        return []
-    caps = capabilities_for(info.get("version"))
-    if caps.known:
+def _version_findings(teacher: Teacher, step: int | None) -> list[Finding]:
+    """An SGLang teacher that reports a version the table does not cover (not a string, a
+    pre-release, unparseable, newer than the newest read) is run conservatively: said, never
+    healthy by silence. A teacher that is not SGLang (no ``capabilities``) has no such row."""
+    caps = getattr(teacher, "capabilities", None)
+    if caps is None or caps.known:
         return []
     return [
         Finding(
