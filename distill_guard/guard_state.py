@@ -331,7 +331,10 @@ def _stage_canary(saved: Any, path: str, reference: TeacherReference | None) -> 
 
 def _stage_incidents(saved: Any, path: str) -> None:
     saved = _mapping(saved, path)
-    _no_unknown(saved, ("current", "closed"), path)
+    _no_unknown(saved, ("current", "closed", "closed_count", "closed_repairs"), path)
+    for key in ("closed_count", "closed_repairs"):
+        if key in saved:
+            _count(saved[key], f"{path}.{key}")
     if saved.get("current") is not None:
         _check_incident(saved["current"], f"{path}.current")
     closed = saved.get("closed", [])

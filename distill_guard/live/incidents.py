@@ -14,6 +14,10 @@ from distill_guard.findings import Code, Finding, Severity
 from distill_guard.live.repair import CONFIG_FIX, RepairOutcome
 
 
+KEEP_CLOSED = 16
+"""Finished incidents kept one by one; the rest are counted."""
+
+
 @dataclass
 class WeightLossIncident:
     """A stretch of wakes that each lost the weights, from the first until a clean wake."""
@@ -40,10 +44,16 @@ class IncidentTracker:
     """The fix to name in the alert (preflight findings can supply a more precise one)."""
     current: WeightLossIncident | None = None
     closed: list[WeightLossIncident] = field(default_factory=list)
+    """The last :data:`KEEP_CLOSED` finished incidents (older ones live on in the counts and
+    the event file), so memory and every checkpoint stay flat over a long run."""
+    closed_count: int = 0
+    """Finished incidents over the run."""
+    closed_repairs: int = 0
+    """Repairs of the finished incidents over the run."""
 
     @property
     def total_repairs(self) -> int:
-        return sum(i.repairs for i in self.closed) + (self.current.repairs if self.current else 0)
+        return self.closed_repairs + (self.current.repairs if self.current else 0)
 
     def on_repair(
         self, outcome: RepairOutcome, *, step: int | None = None, cause: list[Finding] | None = None
@@ -75,8 +85,13 @@ class IncidentTracker:
     def on_clean_wake(self, step: int | None = None) -> None:
         """A wake passed the canary without repair: the incident, if any, is over."""
         if self.current is not None:
-            self.closed.append(self.current)
+            self._close(self.current)
             self.current = None
+
+    def _close(self, incident: WeightLossIncident) -> None:
+        self.closed_count += 1
+        self.closed_repairs += incident.repairs
+        self.closed = [*self.closed, incident][-KEEP_CLOSED:]
 
     def state_dict(self) -> dict[str, Any]:
         def enc(i: WeightLossIncident) -> dict[str, Any]:
@@ -90,9 +105,17 @@ class IncidentTracker:
         return {
             "current": enc(self.current) if self.current else None,
             "closed": [enc(i) for i in self.closed],
+            "closed_count": self.closed_count,
+            "closed_repairs": self.closed_repairs,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """States from before the counts (every closed incident listed) load into them."""
         cur = state.get("current")
         self.current = WeightLossIncident(**cur) if cur else None
-        self.closed = [WeightLossIncident(**i) for i in state.get("closed", [])]
+        self.closed, self.closed_count, self.closed_repairs = [], 0, 0
+        for incident in state.get("closed", []):
+            self._close(WeightLossIncident(**incident))
+        listed = self.closed_count
+        self.closed_count = max(listed, int(state.get("closed_count", listed)))
+        self.closed_repairs = max(self.closed_repairs, int(state.get("closed_repairs", 0)))

@@ -171,3 +171,31 @@ def test_a_teacher_that_loses_weights_at_every_wake_is_repaired_each_time_and_al
         alerts.append(tracker.on_repair(outcome, step=step, cause=cause))
     assert [a is not None for a in alerts] == [True, False, False, False]
     assert "teacher.uniform" in alerts[0].message and tracker.current.repairs == 4
+
+
+def test_the_incident_history_stays_flat_over_a_long_run() -> None:
+    """A teacher that loses its weights at every other wake for thousands of wakes: the
+    tracker keeps the last incidents and counts the rest, so memory and the checkpoint stay
+    flat (it used to keep every incident, in memory and in every checkpoint), and the counts
+    survive a resume, also from a state that listed every incident."""
+    import json
+
+    from distill_guard.live.incidents import KEEP_CLOSED, IncidentTracker, WeightLossIncident
+    from distill_guard.live.repair import RepairOutcome
+
+    tracker = IncidentTracker()
+    ok = RepairOutcome(ok=True, attempts=1, seconds=0.0, findings=[])
+    sizes = []
+    for wake in range(2000):
+        tracker.on_repair(ok, step=2 * wake)
+        tracker.on_clean_wake(2 * wake + 1)
+        if wake in (99, 1999):
+            sizes.append(len(json.dumps(tracker.state_dict())))
+    assert tracker.total_repairs == 2000 and tracker.closed_count == 2000
+    assert len(tracker.closed) == KEEP_CLOSED and sizes[1] <= sizes[0] + 64  # digits only
+    resumed = IncidentTracker()
+    resumed.load_state_dict(json.loads(json.dumps(tracker.state_dict())))
+    assert resumed.total_repairs == 2000 and resumed.closed_count == 2000
+    old = {"current": None, "closed": [vars(WeightLossIncident(i, i, 1)) for i in range(40)]}
+    resumed.load_state_dict(old)
+    assert resumed.total_repairs == 40 and len(resumed.closed) == KEEP_CLOSED
