@@ -13,7 +13,6 @@ from typing import Any
 from distill_guard.findings import Code, Finding, Severity
 from distill_guard.live.repair import CONFIG_FIX, RepairOutcome
 
-
 KEEP_CLOSED = 16
 """Finished incidents kept one by one; the rest are counted."""
 
