@@ -327,13 +327,15 @@ class TorchTeacher(TrackedTeacher):
 
 
 def _load_safetensors_dir(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint at ``path``. Read as bytes and parsed: ``load_file`` keeps
+    about 0.7 KiB per call (safetensors 0.8.0), which a teacher repaired at every wake adds up."""
     with needed("loading a safetensors checkpoint into a TorchTeacher", "hf"):
-        from safetensors.torch import load_file
+        from safetensors.torch import load
 
     files = [path] if path.is_file() else sorted(path.glob("*.safetensors"))
     if not files:
         raise TeacherError(f"no *.safetensors checkpoint at {path}")
     state: dict[str, torch.Tensor] = {}
     for f in files:
-        state.update(load_file(str(f)))
+        state.update(load(f.read_bytes()))
     return state
