@@ -196,5 +196,15 @@ def test_the_reference_server_requires_the_key_in_its_environment(tmp_path, monk
         assert httpx.post(url + "/generate", json=body).status_code == 401
         auth = {"Authorization": f"Bearer {API_KEY}"}
         assert httpx.post(url + "/generate", json=body, headers=auth).status_code == 200
-    with reference_subprocess(model, "--no-api-key") as url:
-        assert httpx.post(url + "/generate", json=body).status_code == 200
+    from argparse import Namespace
+
+    from distill_guard.cli.base import UsageError
+    from distill_guard.cli.serve_reference import _api_key
+
+    assert _api_key(Namespace(no_api_key=True, api_key_env=None)) is None  # open on purpose
+    with pytest.raises(UsageError, match="contradict"):
+        _api_key(Namespace(no_api_key=True, api_key_env="SGLANG_API_KEY"))
+    monkeypatch.delenv("SGLANG_API_KEY")
+    assert _api_key(Namespace(no_api_key=False, api_key_env=None)) is None
+    with pytest.raises(UsageError, match="not set"):
+        _api_key(Namespace(no_api_key=False, api_key_env="SGLANG_API_KEY"))
