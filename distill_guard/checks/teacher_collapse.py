@@ -282,12 +282,11 @@ class TeacherCollapseCheck(Check):
         """Values no distribution has: a log-probability above 0, or a top-k row whose
         probabilities sum past 1 (distinct ids of one distribution never do), each beyond
         ``atol``. Logits, a sign error or a wrong reduction between the teacher and the guard."""
-        finite = torch.isfinite(values)
-        high = float(torch.where(finite, values, -math.inf).max()) if bool(finite.any()) else 0.0
-        mass = -math.inf
+        worst = [torch.where(torch.isfinite(values), values, -math.inf).float().amax()]
         if topk and x.shape[1] > 1:
-            rows = torch.where(torch.isfinite(x), x, -math.inf)
-            mass = float(torch.logsumexp(rows.float(), dim=1).max())
+            rows = torch.where(torch.isfinite(x), x, -math.inf).float()
+            worst.append(torch.logsumexp(rows, dim=1).amax())
+        high, mass = [*torch.stack(worst).tolist(), -math.inf][:2]  # one host sync
         if high <= self.atol and mass <= self.atol:
             return []
         what = (
