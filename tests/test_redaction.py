@@ -183,9 +183,12 @@ def test_a_url_is_shown_without_userinfo_query_or_key_like_segments() -> None:
     assert "services" in redaction.redact("services stays a word")
 
 
-def test_the_reference_server_requires_the_key_in_its_environment(tmp_path, monkeypatch) -> None:
+@pytest.mark.slow  # a serve-reference process; the choice itself is tested below
+def test_the_reference_server_process_requires_the_key_in_its_environment(
+    tmp_path, monkeypatch
+) -> None:
     """Started without ``--api-key-env`` while ``SGLANG_API_KEY`` is set, it requires that key
-    (it used to serve open); ``--no-api-key`` serves open on purpose."""
+    (it used to serve open)."""
     from distill_guard.testing.servers import reference_subprocess
     from distill_guard.testing.tiny import build_tiny_qwen3
 
@@ -196,11 +199,19 @@ def test_the_reference_server_requires_the_key_in_its_environment(tmp_path, monk
         assert httpx.post(url + "/generate", json=body).status_code == 401
         auth = {"Authorization": f"Bearer {API_KEY}"}
         assert httpx.post(url + "/generate", json=body, headers=auth).status_code == 200
+
+
+def test_the_reference_server_takes_the_key_in_its_environment(monkeypatch) -> None:
+    """``serve-reference`` without ``--api-key-env`` requires ``$SGLANG_API_KEY`` when it is
+    set, registered for redaction; ``--no-api-key`` serves open on purpose."""
     from argparse import Namespace
 
     from distill_guard.cli.base import UsageError
     from distill_guard.cli.serve_reference import _api_key
 
+    monkeypatch.setenv("SGLANG_API_KEY", API_KEY)
+    assert _api_key(Namespace(no_api_key=False, api_key_env=None)) == API_KEY
+    assert API_KEY not in redaction.redact(f"key {API_KEY}")
     assert _api_key(Namespace(no_api_key=True, api_key_env=None)) is None  # open on purpose
     with pytest.raises(UsageError, match="contradict"):
         _api_key(Namespace(no_api_key=True, api_key_env="SGLANG_API_KEY"))
