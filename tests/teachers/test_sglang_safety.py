@@ -45,7 +45,9 @@ def test_an_unknown_version_is_read_conservatively_and_says_so():
     assert "unknown server version" in caps.note and "conservatively" in caps.note
 
 
-@pytest.mark.parametrize("version", [0.5, 5, ["0.5.23"], {"v": 1}, True, "0.5.23rc1", "0.5.23.dev2"])
+@pytest.mark.parametrize(
+    "version", [0.5, 5, ["0.5.23"], {"v": 1}, True, "0.5.23rc1", "0.5.23.dev2"]
+)
 def test_a_version_that_names_no_release_is_unknown_never_an_error(version):
     """A JSON number, list or object, or a pre-release (built before its release, so neither
     its row nor the one before is known to hold): the conservative row, said in its note."""
