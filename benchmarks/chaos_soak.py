@@ -84,6 +84,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # the demo's loop pieces live in examples/, beside the package
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.soak import rss_mib  # noqa: E402  (the resident set, as the 100k soak reads it)
 from distill_guard import build_guard  # noqa: E402
 from distill_guard.alerts.webhook import WEBHOOK_ENV  # noqa: E402
 from distill_guard.events import read_events  # noqa: E402
@@ -141,14 +142,6 @@ GAP = 8
 """Healthy steps kept between two faults' windows."""
 
 # ---------------------------------------------------------------------------------- helpers
-
-
-def rss_mib() -> float:
-    try:
-        pages = int(Path("/proc/self/statm").read_text().split()[1])
-        return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
-    except OSError:
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 class Captured(logging.Handler):

@@ -43,6 +43,15 @@ from distill_guard.teachers.base import (
 
 log = logging.getLogger("distill_guard")
 
+CHECKSUM = "weights checksum"
+"""The optional check :meth:`ColocatedTeacher._unavailable` names when ``/weights_checker``
+cannot be read."""
+
+
+def _episode(check: str) -> str:
+    """The ``_said`` key of ``check`` being unavailable (one finding per episode)."""
+    return f"unavailable:{check}"
+
 
 def _named(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
@@ -171,9 +180,9 @@ class ColocatedTeacher:
                 if self.canary.last_fingerprint is not None
                 else "the wake is judged by the server's arguments and the canary's absolute tests"
             )
-            findings += self._unavailable(step, "weights checksum", e, still)
+            findings += self._unavailable(step, CHECKSUM, e, still)
         else:
-            self._said.discard("unavailable:weights checksum")
+            self._said.discard(_episode(CHECKSUM))
         return findings
 
     def wake(self, step: int, resume: Callable[[], Any] | None = None) -> list[Finding]:
@@ -306,7 +315,7 @@ class ColocatedTeacher:
     def _unavailable(self, step: int, check: str, error: Exception, still: str) -> list[Finding]:
         """``teacher.check_unavailable`` once per episode of ``check`` failing (a later success
         ends the episode); the repeats are logged at INFO."""
-        kind = f"unavailable:{check}"
+        kind = _episode(check)
         if kind in self._said:
             log.info("distill_guard: step %s: the %s is still unavailable (%s)", step, check, error)
             return []
@@ -333,9 +342,9 @@ class ColocatedTeacher:
             compared = self._compare_checksum(step, before)
         except TeacherError as e:
             still = "the server's arguments and the canary still judge the wake"
-            return self._unavailable(step, "weights checksum", e, still), False
+            return self._unavailable(step, CHECKSUM, e, still), False
         if before is not None:  # read on both sides: the episode, if any, is over
-            self._said.discard("unavailable:weights checksum")
+            self._said.discard(_episode(CHECKSUM))
         return compared
 
     def _weights_checksum(self) -> str | None:

@@ -73,6 +73,45 @@ class SGLangScoring(TrackedTeacher):
             "traffic_token_ids=True if every request to this server carries token_ids_logprob"
         )
 
+    def _score(
+        self,
+        sequences: list[list[int]],
+        top_k: int,
+        logprob_start_len: int,
+        temperature: float | None = None,
+    ) -> ScoreResult:
+        return self._generate(sequences, top_k, logprob_start_len, temperature)
+
+    def _score_token_ids(
+        self, sequences: list[list[int]], token_ids: list[list[int]], logprob_start_len: int
+    ) -> ScoreResult:
+        return self._generate(sequences, 0, logprob_start_len, token_ids=token_ids)
+
+    def _generate(
+        self,
+        sequences: list[list[int]],
+        top_k: int,
+        logprob_start_len: int,
+        temperature: float | None = None,
+        token_ids: list[list[int]] | None = None,
+    ) -> ScoreResult:
+        """One prefill-only request (:meth:`_prefill`), its ``token_ids_logprob`` matched to the
+        server's traffic, its answer checked and parsed: ``score`` and ``score_token_ids``."""
+        wire = self._wire_token_ids(len(sequences), token_ids)
+        items = self._prefill(sequences, top_k, logprob_start_len, temperature, wire)
+        return parse_score_response(items, sequences, top_k, logprob_start_len, token_ids)
+
+    def _prefill(
+        self,
+        sequences: list[list[int]],
+        top_k: int,
+        logprob_start_len: int,
+        temperature: float | None,
+        token_ids: list[list[int]] | None,
+    ) -> Any:
+        """The client's own call (``POST /generate``, ``Engine.generate``): SGLang's items."""
+        raise NotImplementedError
+
     def score(
         self,
         sequences: Sequence[Sequence[int]],

@@ -7,11 +7,9 @@ from typing import Any
 from distill_guard.extras import needed
 from distill_guard.teachers._sglang_wire import (
     SGLangScoring,
-    parse_score_response,
     sampling_params,
 )
 from distill_guard.teachers.base import (
-    ScoreResult,
     TeacherError,
     read_vocab_size,
 )
@@ -75,31 +73,16 @@ class SGLangEngineTeacher(SGLangScoring):
         except Exception as e:  # the engine's own errors: KeyError on resume, asserts, ...
             raise TeacherError(f"sglang.Engine.{what} raised {type(e).__name__}: {e}") from e
 
-    def _score(
+    def _prefill(
         self,
         sequences: list[list[int]],
         top_k: int,
         logprob_start_len: int,
-        temperature: float | None = None,
-    ) -> ScoreResult:
-        return self._generate(sequences, top_k, logprob_start_len, temperature)
-
-    def _score_token_ids(
-        self, sequences: list[list[int]], token_ids: list[list[int]], logprob_start_len: int
-    ) -> ScoreResult:
-        return self._generate(sequences, 0, logprob_start_len, token_ids=token_ids)
-
-    def _generate(
-        self,
-        sequences: list[list[int]],
-        top_k: int,
-        logprob_start_len: int,
-        temperature: float | None = None,
-        token_ids: list[list[int]] | None = None,
-    ) -> ScoreResult:
+        temperature: float | None,
+        token_ids: list[list[int]] | None,
+    ) -> Any:
         """One prefill-only ``Engine.generate``, as the HTTP client posts it."""
-        wire = self._wire_token_ids(len(sequences), token_ids)
-        out = self._call(
+        return self._call(
             "generate",
             self.engine.generate,
             input_ids=sequences,
@@ -107,9 +90,8 @@ class SGLangEngineTeacher(SGLangScoring):
             return_logprob=True,
             logprob_start_len=logprob_start_len,
             top_logprobs_num=top_k if top_k > 0 else None,
-            token_ids_logprob=wire,
+            token_ids_logprob=token_ids,
         )
-        return parse_score_response(out, sequences, top_k, logprob_start_len, token_ids)
 
     @property
     def capabilities(self) -> Capabilities:

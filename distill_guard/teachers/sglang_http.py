@@ -14,11 +14,9 @@ import httpx
 
 from distill_guard.teachers._sglang_wire import (
     SGLangScoring,
-    parse_score_response,
     score_request,
 )
 from distill_guard.teachers.base import (
-    ScoreResult,
     TeacherError,
     TeacherHTTPError,
     TeacherStateError,
@@ -119,35 +117,18 @@ class SGLangHTTPTeacher(SGLangTraffic, SGLangScoring, SGLangTransport):
 
     # -- the Teacher protocol --------------------------------------------------------------
 
-    def _score(
+    def _prefill(
         self,
         sequences: list[list[int]],
         top_k: int,
         logprob_start_len: int,
-        temperature: float | None = None,
-    ) -> ScoreResult:
-        return self._generate(sequences, top_k, logprob_start_len, temperature)
-
-    def _score_token_ids(
-        self, sequences: list[list[int]], token_ids: list[list[int]], logprob_start_len: int
-    ) -> ScoreResult:
-        return self._generate(sequences, 0, logprob_start_len, token_ids=token_ids)
-
-    def _generate(
-        self,
-        sequences: list[list[int]],
-        top_k: int,
-        logprob_start_len: int,
-        temperature: float | None = None,
-        token_ids: list[list[int]] | None = None,
-    ) -> ScoreResult:
-        """One prefill-only ``POST /generate``, its answer checked and parsed."""
-        wire = self._wire_token_ids(len(sequences), token_ids)
-        body = score_request(sequences, top_k, logprob_start_len, temperature, wire)
+        temperature: float | None,
+        token_ids: list[list[int]] | None,
+    ) -> Any:
+        """One prefill-only ``POST /generate``."""
+        body = score_request(sequences, top_k, logprob_start_len, temperature, token_ids)
         resp = self._request("POST", "/generate", json=body, idempotent=True)
-        return parse_score_response(
-            answer_json(resp, "/generate"), sequences, top_k, logprob_start_len, token_ids
-        )
+        return answer_json(resp, "/generate")
 
     def _memory_body(self, tags: tuple[str, ...]) -> dict[str, Any]:
         """The tags the version knows (``cuda_graph`` only from 0.5.5), or no body where the
