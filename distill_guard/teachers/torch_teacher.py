@@ -10,6 +10,8 @@ default, or garbage), like fresh physical pages mapped at the same virtual addre
 
 from __future__ import annotations
 
+import atexit
+import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,6 +24,8 @@ from distill_guard._version import __version__
 from distill_guard.errors import GuardValueError
 from distill_guard.extras import needed
 from distill_guard.teachers.base import ScoreResult, TeacherError, TeacherStateError, TrackedTeacher
+
+log = logging.getLogger("distill_guard")
 
 Fault = Literal["zeros", "garbage"]
 WEIGHTS = "weights"
@@ -64,6 +68,7 @@ class _TMSRegion:
         if hook_mode is not None and getattr(tms, "_impl", None) is None:
             tms.hook_mode = hook_mode  # only settable before the first region
         self._tms = tms
+        _free_outside_regions_at_exit(tms)
         self._tag = tag
         self._cpu_backup = cpu_backup
 
@@ -77,6 +82,36 @@ class _TMSRegion:
 
     def resume(self) -> None:
         self._tms.resume(self._tag)
+
+
+_EXIT_HOOKED: list[bool] = []
+
+
+def _free_outside_regions_at_exit(tms) -> None:
+    """Let the interpreter's teardown free region memory without killing the process.
+
+    torch_memory_saver 0.0.10 ``exit(1)``s when its free hook runs outside a region ("only
+    support interesting region", ``csrc/entrypoint.cpp``), and at shutdown torch frees the
+    region's blocks outside any region: a run whose every step passed exits 1 (docs/teachers.md,
+    "Exiting after torch_memory_saver"). At exit, once no more work can run, the flag the hook
+    checks is set for the rest of the process; installed once, at the first region."""
+    if _EXIT_HOOKED:
+        return
+    _EXIT_HOOKED.append(True)
+
+    def set_flag() -> None:
+        impl = getattr(tms, "_impl", None)
+        setter = getattr(getattr(getattr(impl, "_binary_wrapper", None), "cdll", None),
+                         "tms_set_interesting_region", None)  # fmt: skip
+        if setter is None:
+            log.warning(
+                "distill_guard: this torch_memory_saver has no tms_set_interesting_region; the "
+                "process may exit 1 at shutdown after a region was used"
+            )
+            return
+        setter(True)
+
+    atexit.register(set_flag)
 
 
 def _use_tms(device: torch.device, enable_memory_saver: bool) -> bool:
