@@ -129,6 +129,19 @@ class CanaryCheck:
     vocab_size: int | None = None
     """V; ``None`` asks the teacher (``config.json`` at its ``model_path``), else infers it from
     a flat response."""
+    module_every_steps: int = 16
+    """An in-process teacher module's canary (:mod:`distill_guard.live.module_canary`): before
+    each update its weights fingerprint is taken, and the canary forward is skipped while the
+    module is bit for bit the one last scored clean; it runs anyway at least every this many
+    steps, for what the fingerprint cannot see (a sign flip or a permutation inside a tensor, a
+    patched forward). 1: the forward at every check, no fingerprint."""
+
+    def __post_init__(self) -> None:
+        if self.module_every_steps < 1:
+            raise GuardValueError(
+                f"checks.canary.module_every_steps must be at least 1 (1: the canary forward "
+                f"at every check), got {self.module_every_steps}"
+            )
 
     def draw_tokens(self, vocab_size: int | None) -> list[int]:
         """The canary sequence: ``tokens`` if set, else ``length`` seeded ids below V (or 256)."""

@@ -3,22 +3,30 @@
 In-process trainers (TRL's GKD, a plain loop, Lightning) have no sleep and wake, and a teacher
 whose weights turn to noise is not uniform: its scores look like any teacher's. What does tell is
 the teacher itself: the same fixed sequence, scored again, no longer gives what it gave at the
-last step. :class:`ModuleCanary` scores the canary with one small forward before each update
-and holds it against the previous step's measurement, so a teacher that changed is caught before
-the update that would use it. The reference moves with each clean step, so a teacher updated on
-purpose (EMA, a few percent a step) stays clean.
+last step. :class:`ModuleCanary` checks the teacher before each update and holds its canary
+against the last clean measurement, so a teacher that changed is caught before the update that
+would use it. The reference moves with each clean step, so a teacher updated on purpose (EMA, a
+few percent a step) stays clean.
+
+The check is cheap where the teacher did not change: a weights fingerprint
+(:mod:`distill_guard.live.weights_fingerprint`) is taken first, and while it is bit for bit the
+one of the last clean forward the forward is skipped. The forward runs on the first check, after
+``load_state_dict`` or :meth:`ModuleCanary.weights_changed`, whenever the fingerprint changed or
+cannot be taken, and at least every ``checks.canary.module_every_steps`` steps.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 
-from distill_guard.checks.canary import FIX, CanaryCheck
+from distill_guard.checks.canary import FIX, CanaryCheck, CanaryMeasurement
 from distill_guard.findings import Finding, Severity
 from distill_guard.live.canary import Canary, teacher_error_finding
+from distill_guard.live.weights_fingerprint import WeightsFingerprint, take_fingerprint
 from distill_guard.teachers.base import ScoreResult, TeacherError
 
 IN_PROCESS_FIX = (
@@ -98,12 +106,26 @@ class ModuleScorer:
         )
 
 
+@dataclass(frozen=True)
+class CleanForward:
+    """The last canary forward judged clean: what it scored, and what it was held against."""
+
+    step: int
+    fingerprint: WeightsFingerprint
+    measured: CanaryMeasurement
+    """The measurement it accepted as the canary's reference."""
+    reference: object
+    """The canary's reference from outside the run at the time (compared by identity)."""
+    temperature: float
+
+
 class ModuleCanary:
-    """Checks an in-process teacher module on the canary, against its previous clean step.
+    """Checks an in-process teacher module on the canary, against its last clean measurement.
 
     Args:
         module: the teacher.
-        canary: the canary (``checks.canary`` of the guard's configuration by default).
+        canary: the canary (``checks.canary`` of the guard's configuration by default; its
+            ``module_every_steps`` is the forward's schedule while the fingerprint is unchanged).
         vocab_size: V, when the module's config does not say it.
         temperature: the temperature the trainer consumes the teacher at (see
             :class:`ModuleScorer`); set it later through ``scorer.temperature``.
@@ -123,10 +145,54 @@ class ModuleCanary:
             self.canary.vocab_size = vocab_size or self.scorer.vocab_size
         self.running = False
         """True during the canary's own forward (so forward hooks on the teacher skip it)."""
+        self.forwards = 0
+        """Checks that ran the canary forward."""
+        self.checked_by_fingerprint = 0
+        """Checks that skipped it: the weights were bit for bit those of the last clean one."""
+        self.last_checked_by: Literal["forward", "fingerprint"] | None = None
+        self._clean: CleanForward | None = None
+
+    @property
+    def every_steps(self) -> int:
+        return self.canary.check.module_every_steps
 
     def check(self, step: int) -> list[Finding]:
-        """Score the canary now; findings if the teacher changed since its last clean step (a
-        warning if its forward failed: the guard could not check it this step)."""
+        """Check the teacher now; findings if it changed since its last clean measurement (a
+        warning if its forward failed: the guard could not check it this step).
+
+        The forward is skipped when the weights fingerprint is the last clean forward's, that
+        forward is fewer than ``module_every_steps`` steps back, and the canary's reference and
+        temperature are those it was held against; otherwise the canary is scored."""
+        fingerprint = take_fingerprint(self.scorer.module) if self.every_steps > 1 else None
+        if fingerprint is not None and self._unchanged(fingerprint, step):
+            self.checked_by_fingerprint += 1
+            self.last_checked_by = "fingerprint"
+            return []
+        return self._forward(step, fingerprint)
+
+    def weights_changed(self) -> None:
+        """Say the teacher's weights changed or may have (a reload, an update the host made):
+        the next check runs the canary forward whatever the fingerprint says."""
+        self._clean = None
+
+    def _unchanged(self, fingerprint: WeightsFingerprint, step: int) -> bool:
+        """The teacher cannot score otherwise than at the last clean forward, which is recent."""
+        clean = self._clean
+        return (
+            clean is not None
+            and 0 <= step - clean.step < self.every_steps
+            and clean.fingerprint == fingerprint
+            and clean.measured is self.canary.last_fingerprint
+            and clean.reference is self.canary.reference
+            and clean.temperature == self.scorer.temperature
+        )
+
+    def _forward(self, step: int, fingerprint: WeightsFingerprint | None) -> list[Finding]:
+        """Score the canary and judge it. A clean one with a fingerprint is what later checks
+        may skip against; anything else leaves nothing to skip against."""
+        self._clean = None
+        self.forwards += 1
+        self.last_checked_by = "forward"
         self.running = True
         try:
             measured = self.canary.measure(self.scorer, step)  # type: ignore[arg-type]
@@ -137,10 +203,17 @@ class ModuleCanary:
         findings = self.canary.judge(measured, teacher=self.scorer)  # type: ignore[arg-type]
         if not findings:
             self.canary.accept(measured)
+            if fingerprint is not None:
+                self._clean = CleanForward(
+                    step, fingerprint, measured, self.canary.reference, self.scorer.temperature
+                )
         return [dataclasses.replace(f, message=in_process(f.message)) for f in findings]
 
     def state_dict(self) -> dict[str, Any]:
         return self.canary.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take a saved canary; the next check runs the forward (no fingerprint is saved: the
+        module it was taken of may not be the one loaded)."""
         self.canary.load_state_dict(state)
+        self._clean = None
