@@ -6,6 +6,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import cached_property
 
 import torch
 
@@ -140,6 +141,13 @@ class TeacherScores:
         if x is None or self.mask is None:
             return x
         return x[self.mask.reshape(-1).to(device=x.device, dtype=torch.bool)]
+
+    @cached_property
+    def top1(self) -> torch.Tensor | None:
+        """Each kept top-k row's maximum (its top-1 where the rows are the teacher's own),
+        computed once for all the checks that read it; None without top-k rows."""
+        x = self.kept(self.topk_logprobs)
+        return None if x is None else x.detach().reshape(x.shape[0], -1).amax(dim=1)
 
 
 @dataclass

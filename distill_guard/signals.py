@@ -156,12 +156,12 @@ def _token_stats(x: torch.Tensor, vocab_size: int | None, atol: float) -> Teache
     if n_fin < count:  # rare: the zeros standing in for non-finite values must not set min/max
         kept = x[finite].double()
         lo_, hi_ = float(kept.min()), float(kept.max())
-    mean = s1 / n_fin
+    mean, spread = mean_spread(n_fin, s1, s2)
     return TeacherLogprobStats(
         count=count,
         nonfinite=int(count - n_fin),
         mean=mean,
-        spread=math.sqrt(max(s2 / n_fin - mean * mean, 0.0)) if n_fin > 1 else 0.0,
+        spread=spread,
         min=lo_,
         max=hi_,
         uniform_fraction=uni / n_fin if vocab_size is not None else nan,
@@ -169,6 +169,13 @@ def _token_stats(x: torch.Tensor, vocab_size: int | None, atol: float) -> Teache
         entropy_lower_bound=-mean,
         row_flat_fraction=nan,
     )
+
+
+def mean_spread(n: float, total: float, total_sq: float) -> tuple[float, float]:
+    """Mean and standard deviation of ``n ≥ 1`` values from their sum and sum of squares: the
+    host side of statistics reduced on the device to three numbers (0 spread for one value)."""
+    mean = total / n
+    return mean, math.sqrt(max(total_sq / n - mean * mean, 0.0)) if n > 1 else 0.0
 
 
 def infer_uniform_vocab_size(logprob: float) -> int:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, ClassVar
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any, ClassVar, TypeVar
+
+import torch
 
 from distill_guard.findings import Finding
 from distill_guard.observations import RunSpec, StepMetrics, TeacherScores
@@ -44,6 +46,20 @@ CHECK_HOOKS: dict[Stage, Callable[[Check, Any, RunSpec], list[Finding]]] = {
 }
 """The check hook each observation stage runs, called directly (no lookup by name). ``wake`` and
 ``sleep`` run no check hook: they are the live teacher's canary (:mod:`distill_guard.live`)."""
+
+
+K = TypeVar("K", bound=Hashable)
+
+
+def to_host(parts: Mapping[K, torch.Tensor]) -> dict[K, float]:
+    """0-d tensors as floats, moved in one host transfer (one GPU sync however many there are):
+    how a check reads a step's statistics at once. Stacked as float64 (a part already float64 on
+    the first part's device costs no cast), so counts and float32 values arrive exact."""
+    if not parts:
+        return {}
+    device = next(iter(parts.values())).device
+    stacked = torch.stack([t.to(device=device, dtype=torch.float64) for t in parts.values()])
+    return dict(zip(parts, stacked.tolist()))
 
 
 def likely_cause(metrics: StepMetrics, what: str) -> str:

@@ -16,12 +16,13 @@ Public reports: huggingface/trl #4562, trl PR #6252 / #6457, ms-swift #9526, tin
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import torch
 
-from distill_guard.checks.base import Check
+from distill_guard.checks.base import Check, to_host
 from distill_guard.findings import Code, Finding, Severity
 from distill_guard.observations import RunSpec, TeacherScores
 
@@ -57,9 +58,14 @@ class TokenPairingCheck(Check):
     def on_teacher_scores(self, scores: TeacherScores, run: RunSpec) -> list[Finding]:
         if not self.enabled:
             return []
-        shifted = self._positions(scores)
+        ids, lagged, gaps = self._top1_ids(scores, run), self._lagged(scores), self._gaps(scores)
+        got = to_host(  # the one sync of a paired step: each test reads its counts from it
+            _vocabulary_parts(ids, run) | _positions_parts(lagged) | self._tokens_parts(gaps)
+        )
+        shifted = self._positions(lagged, got, scores.step)
         # a shift also makes the teacher disagree with every token: name the cause, not both
-        return self._vocabulary(scores, run) + (shifted or self._tokens(scores))
+        vocabulary = self._vocabulary(ids, run, got, scores.step)
+        return vocabulary + (shifted or self._tokens(gaps, got, scores.step))
 
     def _paired(
         self, per_token: torch.Tensor | None, rows: torch.Tensor | None
@@ -71,13 +77,19 @@ class TokenPairingCheck(Check):
             return None, None  # not the same positions: nothing to pair
         return per_token, rows
 
-    def _vocabulary(self, scores: TeacherScores, run: RunSpec) -> list[Finding]:
+    def _top1_ids(self, scores: TeacherScores, run: RunSpec) -> torch.Tensor | None:
+        """The ids the teacher ranks first; None where the vocabulary test does not apply."""
         ids = scores.kept(scores.topk_ids)
-        v = run.student_vocab_size
-        if ids is None or v is None or ids.numel() == 0:
+        if ids is None or run.student_vocab_size is None or ids.numel() == 0:
+            return None
+        return ids.reshape(ids.shape[0], -1)[:, 0]
+
+    def _vocabulary(
+        self, top1: torch.Tensor | None, run: RunSpec, got: dict[str, float], step: int
+    ) -> list[Finding]:
+        if top1 is None:
             return []
-        top1 = ids.reshape(ids.shape[0], -1)[:, 0]
-        foreign = int((top1 >= v).sum())
+        v, foreign, largest = run.student_vocab_size, int(got["foreign"]), int(got["max_top1_id"])
         frac = foreign / top1.numel()
         if frac <= self.max_foreign_top1_fraction:
             return []
@@ -86,34 +98,51 @@ class TokenPairingCheck(Check):
                 Code.TEACHER_VOCAB_MISMATCH,
                 Severity.CRITICAL,
                 f"{frac:.1%} of the teacher's first choices ({foreign} of {top1.numel()}) are "
-                f"ids at or beyond the student's vocabulary of {v} (largest {int(top1.max())}; "
+                f"ids at or beyond the student's vocabulary of {v} (largest {largest}; "
                 f"bound {self.max_foreign_top1_fraction:.0%}): teacher and student do not share "
                 "a vocabulary, so the teacher's distribution is not over the student's tokens. "
                 "Use a teacher with the student's tokenizer, or map and truncate the teacher's "
                 "vocabulary to the student's before the loss.",
-                scores.step,
+                step,
                 {
                     "foreign_top1_fraction": frac,
                     "student_vocab_size": v,
-                    "max_top1_id": int(top1.max()),
+                    "max_top1_id": largest,
                     "bound": self.max_foreign_top1_fraction,
                 },
             )
         ]
 
-    def _tokens(self, scores: TeacherScores) -> list[Finding]:
+    def _gaps(self, scores: TeacherScores) -> _Gaps | None:
+        """The tokens test's tensors; None where it does not apply."""
         if not scores.topk_own:  # no row holds the teacher's own first choice
-            return []
-        tok, top = self._paired(
-            scores.kept(scores.token_logprobs), scores.kept(scores.topk_logprobs)
-        )
+            return None
+        tok, _ = self._paired(scores.kept(scores.token_logprobs), scores.kept(scores.topk_logprobs))
         if tok is None:
+            return None
+        tok, top1 = tok.reshape(-1).float(), scores.top1.float()
+        return _Gaps(top1 - tok, tok, top1)
+
+    def _tokens_parts(self, gaps: _Gaps | None) -> dict[str, torch.Tensor]:
+        """The gaps' sum (finite iff every gap is) and how many are at or above the bound."""
+        if gaps is None:
+            return {}
+        far = gaps.far(self.max_median_gap).sum(dtype=torch.float64)
+        return {"gap_sum": gaps.gap.sum(dtype=torch.float64), "far": far}
+
+    def _tokens(self, gaps: _Gaps | None, got: dict[str, float], step: int) -> list[Finding]:
+        if gaps is None:
             return []
-        tok, top1 = tok.reshape(-1).float(), top.reshape(tok.numel(), -1).float().amax(dim=1)
-        finite = torch.isfinite(tok) & torch.isfinite(top1)
-        if int(finite.sum()) < self.min_positions:
+        n, far, finite = gaps.gap.numel(), got["far"], None
+        if not math.isfinite(got["gap_sum"]):  # some are not: judge the finite ones (a sync)
+            finite = torch.isfinite(gaps.tok) & torch.isfinite(gaps.top1)
+            far_finite = finite & gaps.far(self.max_median_gap)
+            counts = to_host({"n": finite.sum(dtype=torch.float64), "far": far_finite.sum()})
+            n, far = int(counts["n"]), counts["far"]
+        # the lower median of n values is at or above the bound iff n - (n-1)//2 of them are
+        if n < self.min_positions or far < n - (n - 1) // 2:
             return []
-        gap = (top1 - tok)[finite]
+        gap = gaps.gap if finite is None else gaps.gap[finite]
         median = float(gap.median())
         if median < self.max_median_gap:
             return []
@@ -127,15 +156,16 @@ class TokenPairingCheck(Check):
                 "teacher scored on ids from another tokenizer or chat template does this. Score "
                 "the teacher on text re-tokenized with its own tokenizer and template (or use a "
                 "teacher with the student's), and compare a decoded sample from both sides.",
-                scores.step,
+                step,
                 {"median_gap": median, "positions": gap.numel(), "bound": self.max_median_gap},
             )
         ]
 
-    def _positions(self, scores: TeacherScores) -> list[Finding]:
+    def _lagged(self, scores: TeacherScores) -> _Lagged | None:
+        """The position test's tensors; None where it does not apply."""
         tokens, ids = self._paired(scores.kept(scores.token_ids), scores.kept(scores.topk_ids))
         if tokens is None:
-            return []
+            return None
         ids = ids.reshape(tokens.numel(), -1)
         tokens = tokens.reshape(-1).to(ids.device)
         sample = scores.kept(scores.sample_index)
@@ -145,15 +175,22 @@ class TokenPairingCheck(Check):
             else torch.ones(tokens.numel() - 1, dtype=torch.bool, device=ids.device)
         )
         first = ids[:, 0]
-        own = (first == tokens).float().mean()
         # row t holding the teacher's view of token t-1 (lag +1) or of token t+1 (lag -1)
-        behind = (first[1:] == tokens[:-1])[same].float()
-        ahead = (first[:-1] == tokens[1:])[same].float()
-        if behind.numel() < self.min_positions:
+        return _Lagged(first == tokens, first[1:] == tokens[:-1], first[:-1] == tokens[1:], same)
+
+    def _positions(self, lagged: _Lagged | None, got: dict[str, float], step: int) -> list[Finding]:
+        if lagged is None or got["pairs"] < self.min_positions:
             return []
-        lags = {"+1": float(behind.mean()), "-1": float(ahead.mean())}
+        own = got["own"]
+        hits, pairs = max(got["behind"], got["ahead"]), got["pairs"]
+        # the float32 means below are hits / pairs to ~1e-7: only a near call needs them
+        if pairs and hits / pairs < own + self.shift_margin - 1e-3:
+            return []
+        lags = {
+            "+1": float(lagged.behind[lagged.same].float().mean()),
+            "-1": float(lagged.ahead[lagged.same].float().mean()),
+        }
         lag, best = max(lags.items(), key=lambda kv: kv[1])
-        own = float(own)
         if best < own + self.shift_margin:
             return []
         return [
@@ -167,7 +204,49 @@ class TokenPairingCheck(Check):
                 "instead of prediction positions, or an extra logit shift). Align row t of the "
                 "teacher with the prediction of token t; responses of one token lose all signal "
                 "this way.",
-                scores.step,
+                step,
                 {"own_agreement": own, "shifted_agreement": best, "lag": lag},
             )
         ]
+
+
+class _Gaps(NamedTuple):
+    """Teacher top-1 minus the sampled token's logprob per position, and its operands."""
+
+    gap: torch.Tensor
+    tok: torch.Tensor
+    top1: torch.Tensor
+
+    def far(self, bound: float) -> torch.Tensor:
+        """Where the gap is at or above ``bound``, compared in float64 as the host would."""
+        return self.gap.double() >= bound
+
+
+class _Lagged(NamedTuple):
+    """Where the teacher's first choice is the sampled token of its own position, of the one
+    before (``behind``) and of the one after (``ahead``); ``same``: neighbours of one sample."""
+
+    own: torch.Tensor
+    behind: torch.Tensor
+    ahead: torch.Tensor
+    same: torch.Tensor
+
+
+def _vocabulary_parts(top1: torch.Tensor | None, run: RunSpec) -> dict[str, torch.Tensor]:
+    """First choices beyond the student's vocabulary, and the largest one."""
+    if top1 is None:
+        return {}
+    foreign = (top1 >= run.student_vocab_size).sum(dtype=torch.float64)
+    return {"foreign": foreign, "max_top1_id": top1.max()}
+
+
+def _positions_parts(lagged: _Lagged | None) -> dict[str, torch.Tensor]:
+    """The own agreement (as the finding states it) and the neighbours' hit counts."""
+    if lagged is None:
+        return {}
+    return {
+        "own": lagged.own.float().mean(),
+        "pairs": lagged.same.sum(dtype=torch.float64),
+        "behind": (lagged.behind & lagged.same).sum(dtype=torch.float64),
+        "ahead": (lagged.ahead & lagged.same).sum(dtype=torch.float64),
+    }

@@ -9,10 +9,11 @@ from typing import Any, ClassVar
 
 import torch
 
-from distill_guard.checks.base import Check
+from distill_guard.checks.base import Check, to_host
+from distill_guard.errors import GuardValueError
 from distill_guard.findings import Code, Finding, Severity
 from distill_guard.observations import Metric, RunSpec, StepMetrics, TeacherScores
-from distill_guard.signals import infer_uniform_vocab_size, teacher_logprob_stats, uniform_logprob
+from distill_guard.signals import infer_uniform_vocab_size, mean_spread, uniform_logprob
 
 FIX = (
     "Re-load the teacher's weights now (the guard's rewake does this), and relaunch the teacher "
@@ -70,11 +71,17 @@ class TeacherCollapseCheck(Check):
     def on_teacher_scores(self, scores: TeacherScores, run: RunSpec) -> list[Finding]:
         if not self.enabled:
             return []
+        views = [
+            v
+            for v in (
+                _View.of(scores.topk_logprobs, scores, topk=True),
+                _View.of(scores.token_logprobs, scores, topk=False),
+            )
+            if v is not None
+        ]
         findings: list[Finding] = []
-        if scores.topk_logprobs is not None:
-            findings += self._judge(scores.topk_logprobs, scores, run, topk=True)
-        if scores.token_logprobs is not None:
-            findings += self._judge(scores.token_logprobs, scores, run, topk=False)
+        for view, summary in zip(views, self._summaries(views, run)):
+            findings += self._judge(view, summary, scores, run)
         return _dedupe(findings)
 
     def on_step_metrics(self, metrics: StepMetrics, run: RunSpec) -> list[Finding]:
@@ -138,90 +145,153 @@ class TeacherCollapseCheck(Check):
             (float(x) for x in state.get("recent_means", [])), maxlen=self.flat_steps
         )
 
+    def _summaries(self, views: list[_View], run: RunSpec) -> list[_Summary]:
+        """Every view's statistics in one host transfer, read on the raw values: the step's only
+        sync while healthy. A view with a value that is not finite (its sum says so) is read
+        again with those values set aside, in one more."""
+        raw = {(i, k): t for i, v in enumerate(views) for k, t in self._parts(v, run).items()}
+        got = to_host(raw)
+        out = []
+        for i, view in enumerate(views):
+            mine = {k: x for (j, k), x in got.items() if j == i}
+            if not math.isfinite(mine["sum"]):
+                mine = to_host(self._parts(view, run, clean=True))
+            out.append(_Summary.of(view, mine))
+        return out
+
+    def _parts(self, view: _View, run: RunSpec, *, clean: bool = False) -> dict[str, torch.Tensor]:
+        """The 0-d device tensors :class:`_Summary` reads, without a sync. ``clean`` counts the
+        finite values and sums only those; the sums are those of
+        :func:`~distill_guard.signals.teacher_logprob_stats`, to the last bit. Raw, ``high`` and
+        ``mass`` (without logsumexp's passes) can clear a healthy batch; :meth:`_bounds` gives
+        the exact values wherever they do not."""
+        v = view.values
+        finite = torch.isfinite(v) if clean else None
+        kept = torch.where(finite, v, 0.0) if clean else v
+        wide = kept.double()
+        parts = {"sum": kept.sum(dtype=torch.float64), "sum_sq": wide.square().sum()}
+        many = view.topk and view.x.shape[1] > 1
+        if clean:
+            parts["finite"] = finite.sum(dtype=torch.float64)
+        else:
+            parts["high"] = v.float().amax()
+            if many:
+                parts["mass"] = view.x.float().exp().sum(dim=1).amax()
+        if run.vocab_size is not None:
+            target = uniform_logprob(run.vocab_size)
+            parts["uniform"] = ((v - target).abs() <= self.atol).sum(dtype=torch.float64)
+            if view.topk:
+                low = wide <= self._near_bound(run)
+                parts["low"] = (low & finite if clean else low).sum(dtype=torch.float64)
+        elif many:
+            parts["flat"] = self._flat_rows(view).sum(dtype=torch.float64)
+        return parts
+
     def _judge(
-        self, x: torch.Tensor, scores: TeacherScores, run: RunSpec, *, topk: bool
+        self, view: _View, s: _Summary, scores: TeacherScores, run: RunSpec
     ) -> list[Finding]:
-        kind = "top-k rows" if topk else "sampled-token logprobs"
-        x = x.detach()
-        x = scores.kept(x)
-        if x.numel() == 0:
-            return []
-        # Top-k: a row is uniform iff its top-1 is −ln V, so only the N row maxima matter. A NaN
-        # or +inf anywhere in a row reaches its maximum, so the maxima also tell whether the
-        # slower element-wise count is needed.
-        values = x.amax(dim=1) if topk else x
-        stats = teacher_logprob_stats(values, run.vocab_size, atol=self.atol)
-        findings = self._nonfinite(x, kind, scores.step, topk=topk) if stats.nonfinite else []
-        if stats.nonfinite == stats.count:
+        """One view's findings from its summary; the detail behind a finding (non-finite counts,
+        a median, per-sample quantiles, a flat level) is computed only where one may be."""
+        findings = self._nonfinite(view, scores.step) if s.nonfinite else []
+        if s.nonfinite == s.count:
             return findings
-        impossible = self._impossible(x, values, kind, scores.step, topk=topk)
-        if impossible:  # not log-probabilities: nothing below can be read from them
-            return findings + impossible
+        if s.nonfinite or not self._possible(view, s):
+            impossible = self._impossible(*self._bounds(view), view.kind, scores.step)
+            if impossible:  # not log-probabilities: nothing below can be read from them
+                return findings + impossible
         measured = {
-            "input": kind,
-            "count": int(x.shape[0]),
-            "top1_mean" if topk else "mean": stats.mean,
-            "spread": stats.spread,
+            "input": view.kind,
+            "count": int(view.x.shape[0]),
+            "top1_mean" if view.topk else "mean": s.mean,
+            "spread": s.spread,
             "vocab_size": run.vocab_size,
         }
         if run.vocab_size is not None:
-            target = uniform_logprob(run.vocab_size)
-            bound = self.min_row_fraction if topk else self.min_token_fraction
-            frac = stats.uniform_fraction
-            if frac < bound and topk:
-                if scores.topk_own:  # a top-1 rule: only for the teacher's own top-k
-                    findings += self._near_uniform(values, scores.step, run, measured)
-                if not findings and scores.sample_index is not None:
-                    findings += self._partial(values, scores, run, measured)
-            if frac >= bound:
-                what = "top-k rows have their top-1" if topk else "sampled-token logprobs sit"
-                findings.append(
-                    Finding(
-                        Code.TEACHER_UNIFORM,
-                        Severity.CRITICAL,
-                        f"{frac:.1%} of teacher {what} within {self.atol:g} of −ln V = "
-                        f"{target:.5f} (V={run.vocab_size}; bound {bound:.1%}); spread "
-                        f"{stats.spread:.2e}. The teacher's distribution is uniform, as after a "
-                        f"colocated SGLang wake without weights backup. {FIX}",
-                        scores.step,
-                        {
-                            **measured,
-                            "uniform_fraction": frac,
-                            "bound": bound,
-                            "uniform_logprob": target,
-                        },
-                    )
-                )
-        elif topk and x.shape[1] > 1:
-            # Without V a uniform row shows as k equal values below −ln k. Judge the flat rows
-            # on their own: a mean over all rows is diluted by the healthy ones.
-            top1, low = x.amax(dim=1), x.amin(dim=1)
-            flat = (
-                ((top1 - low) <= self.atol) & (top1 < -math.log(x.shape[1])) & torch.isfinite(top1)
-            )
-            n_flat = int(flat.sum())
-            frac = n_flat / x.shape[0]
-            if n_flat and frac >= self.min_row_fraction:
-                level = float(top1[flat].double().mean())
-                guessed = infer_uniform_vocab_size(level)
-                findings.append(
-                    Finding(
-                        Code.TEACHER_UNIFORM,
-                        Severity.CRITICAL,
-                        f"{frac:.1%} of teacher top-k rows are flat (all k values within "
-                        f"{self.atol:g}) at {level:.5f} = −ln {guessed}: a uniform teacher over a "
-                        f"vocabulary of about {guessed}. Set vocab_size to make this test exact. "
-                        f"{FIX}",
-                        scores.step,
-                        {
-                            **measured,
-                            "row_flat_fraction": frac,
-                            "flat_row_logprob": level,
-                            "inferred_vocab_size": guessed,
-                        },
-                    )
-                )
+            return self._uniform(view, s, scores, run, measured, findings)
+        if view.topk and view.x.shape[1] > 1:
+            findings += self._flat(view, s, scores.step, measured)
         return findings
+
+    def _uniform(
+        self,
+        view: _View,
+        s: _Summary,
+        scores: TeacherScores,
+        run: RunSpec,
+        measured: dict,
+        findings: list[Finding],
+    ) -> list[Finding]:
+        """V known: a fraction of values at −ln V; else (top-k) a near-uniform batch or part."""
+        topk, target = view.topk, uniform_logprob(run.vocab_size)
+        bound = self.min_row_fraction if topk else self.min_token_fraction
+        frac = s.uniform_fraction
+        if frac < bound and topk:
+            if scores.topk_own and s.median_low:  # a top-1 rule: only for the teacher's own top-k
+                findings = findings + self._near_uniform(view.values, scores.step, run, measured)
+            if not findings and scores.sample_index is not None and self._partial_possible(s):
+                findings = findings + self._partial(view.values, scores, run, measured)
+        if frac >= bound:
+            what = "top-k rows have their top-1" if topk else "sampled-token logprobs sit"
+            findings = findings + [
+                Finding(
+                    Code.TEACHER_UNIFORM,
+                    Severity.CRITICAL,
+                    f"{frac:.1%} of teacher {what} within {self.atol:g} of −ln V = "
+                    f"{target:.5f} (V={run.vocab_size}; bound {bound:.1%}); spread "
+                    f"{s.spread:.2e}. The teacher's distribution is uniform, as after a "
+                    f"colocated SGLang wake without weights backup. {FIX}",
+                    scores.step,
+                    {
+                        **measured,
+                        "uniform_fraction": frac,
+                        "bound": bound,
+                        "uniform_logprob": target,
+                    },
+                )
+            ]
+        return findings
+
+    def _flat(self, view: _View, s: _Summary, step: int, measured: dict) -> list[Finding]:
+        """Without V a uniform row shows as k equal values below −ln k. Judge the flat rows on
+        their own: a mean over all rows is diluted by the healthy ones."""
+        frac = s.flat / view.x.shape[0]
+        if not s.flat or frac < self.min_row_fraction:
+            return []
+        level = float(view.values[self._flat_rows(view)].double().mean())
+        guessed = infer_uniform_vocab_size(level)
+        return [
+            Finding(
+                Code.TEACHER_UNIFORM,
+                Severity.CRITICAL,
+                f"{frac:.1%} of teacher top-k rows are flat (all k values within "
+                f"{self.atol:g}) at {level:.5f} = −ln {guessed}: a uniform teacher over a "
+                f"vocabulary of about {guessed}. Set vocab_size to make this test exact. "
+                f"{FIX}",
+                step,
+                {
+                    **measured,
+                    "row_flat_fraction": frac,
+                    "flat_row_logprob": level,
+                    "inferred_vocab_size": guessed,
+                },
+            )
+        ]
+
+    def _flat_rows(self, view: _View) -> torch.Tensor:
+        """Top-k rows whose k values are all within ``atol`` of their top-1, below −ln k."""
+        top1, low = view.values, view.x.amin(dim=1)
+        return (
+            ((top1 - low) <= self.atol) & (top1 < -math.log(view.x.shape[1])) & torch.isfinite(top1)
+        )
+
+    def _near_bound(self, run: RunSpec) -> float:
+        """The top-1 logprob at or below which a position is near uniform."""
+        return -self.near_uniform_fraction * run.log_vocab
+
+    def _partial_possible(self, s: _Summary) -> bool:
+        """Whether :meth:`_partial` can find anything: a sample's upper quartile is at or below
+        the bound only if one of its values is (or is not finite)."""
+        return bool(s.low or s.nonfinite) or self.min_sample_fraction <= 0
 
     def _near_uniform(
         self, top1: torch.Tensor, step: int, run: RunSpec, measured: dict
@@ -230,7 +300,7 @@ class TeacherCollapseCheck(Check):
         if finite.numel() == 0:
             return []
         median = float(finite.double().median())
-        bound = -self.near_uniform_fraction * run.log_vocab
+        bound = self._near_bound(run)
         if median > bound:
             return []
         return [
@@ -254,7 +324,7 @@ class TeacherCollapseCheck(Check):
         sample = scores.kept(scores.sample_index.reshape(-1)).to(top1.device)
         if sample.numel() != top1.numel():
             return []
-        bound = -self.near_uniform_fraction * run.log_vocab
+        bound = self._near_bound(run)
         ids = sample.unique()
         upper = torch.stack([top1[sample == i].double().quantile(0.75) for i in ids])
         bad = int((upper <= bound).sum())
@@ -276,17 +346,27 @@ class TeacherCollapseCheck(Check):
             )
         ]
 
-    def _impossible(
-        self, x: torch.Tensor, values: torch.Tensor, kind: str, step: int, *, topk: bool
-    ) -> list[Finding]:
+    def _possible(self, view: _View, s: _Summary) -> bool:
+        """Whether the summary proves every value ≤ ``atol`` and every row's mass within
+        ``exp(atol)``. Its mass is a float32 sum of k exps, off logsumexp by under ~k·1e-7
+        nats: 1e-5·k of margin leaves no doubt; a row nearer the bound gets the exact test."""
+        k = view.x.shape[1] if view.topk else 0
+        return s.high <= self.atol and s.mass <= self.atol - 1e-5 * k
+
+    def _bounds(self, view: _View) -> tuple[float, float]:
+        """The largest finite value and the largest row log-mass over the finite entries (−inf
+        for tokens), exactly: the summary's, read on raw values, are spoilt by a non-finite one."""
+        worst = [torch.where(torch.isfinite(view.values), view.values, -math.inf).float().amax()]
+        if view.topk and view.x.shape[1] > 1:
+            rows = torch.where(torch.isfinite(view.x), view.x, -math.inf).float()
+            worst.append(torch.logsumexp(rows, dim=1).amax())
+        high, mass = [*torch.stack(worst).tolist(), -math.inf][:2]  # one host sync
+        return high, mass
+
+    def _impossible(self, high: float, mass: float, kind: str, step: int) -> list[Finding]:
         """Values no distribution has: a log-probability above 0, or a top-k row whose
         probabilities sum past 1 (distinct ids of one distribution never do), each beyond
         ``atol``. Logits, a sign error or a wrong reduction between the teacher and the guard."""
-        worst = [torch.where(torch.isfinite(values), values, -math.inf).float().amax()]
-        if topk and x.shape[1] > 1:
-            rows = torch.where(torch.isfinite(x), x, -math.inf).float()
-            worst.append(torch.logsumexp(rows, dim=1).amax())
-        high, mass = [*torch.stack(worst).tolist(), -math.inf][:2]  # one host sync
         if high <= self.atol and mass <= self.atol:
             return []
         what = (
@@ -307,9 +387,10 @@ class TeacherCollapseCheck(Check):
             )
         ]
 
-    def _nonfinite(self, x: torch.Tensor, kind: str, step: int, *, topk: bool) -> list[Finding]:
+    def _nonfinite(self, view: _View, step: int) -> list[Finding]:
+        x, kind = view.x, view.kind
         bad = torch.isnan(x) | (x == math.inf)
-        if not topk:  # a sampled token cannot have probability zero under a sane teacher
+        if not view.topk:  # a sampled token cannot have probability zero under a sane teacher
             bad |= x == -math.inf
         else:  # −inf inside a row is a masked vocabulary entry; a row of only −inf has no mass
             bad |= (x.amax(dim=1, keepdim=True) == -math.inf).expand_as(x)
@@ -327,6 +408,81 @@ class TeacherCollapseCheck(Check):
                 {"nonfinite": n_bad, "count": bad.numel(), "input": kind},
             )
         ]
+
+
+@dataclass
+class _View:
+    """One view of a step's scores, detached and kept: top-k rows ``[N, K]`` or sampled tokens
+    ``[N]``. ``values`` are what the uniform tests read: each row's top-1 (its maximum; a NaN or
+    +inf anywhere in a row reaches it), or the tokens."""
+
+    x: torch.Tensor
+    topk: bool
+    values: torch.Tensor
+
+    @classmethod
+    def of(cls, x: torch.Tensor | None, scores: TeacherScores, *, topk: bool) -> _View | None:
+        """The view of ``x``; None when it is absent or empty."""
+        if x is None:
+            return None
+        if x.dim() != (2 if topk else 1):
+            what = "top-k logprobs must be [N, K]" if topk else "token logprobs must be [N]"
+            raise GuardValueError(f"teacher {what}, got shape {tuple(x.shape)}")
+        x = scores.kept(x.detach())
+        if x.numel() == 0:
+            return None
+        return cls(x, topk, scores.top1 if topk else x)
+
+    @property
+    def kind(self) -> str:
+        return "top-k rows" if self.topk else "sampled-token logprobs"
+
+
+@dataclass(frozen=True)
+class _Summary:
+    """What the check reads of one view on the healthy path, from the step's one transfer."""
+
+    count: int
+    """Values read: rows (top-k) or tokens."""
+    nonfinite: int
+    mean: float
+    """Mean of the finite values (NaN if there are none)."""
+    spread: float
+    uniform_fraction: float
+    """Fraction of finite values within ``atol`` of −ln V (NaN when V is unknown)."""
+    high: float
+    """Largest value; +inf where not read (a clean summary: :meth:`TeacherCollapseCheck._bounds`
+    then gives it)."""
+    mass: float
+    """Largest row log-mass, to ~k·1e-7 (top-k with k > 1 and all values finite; else −inf)."""
+    low: int
+    """Top-k with V: finite top-1 values at or below the near-uniform bound."""
+    flat: int
+    """Top-k without V: flat rows (:meth:`TeacherCollapseCheck._flat_rows`)."""
+
+    @classmethod
+    def of(cls, view: _View, got: dict[str, float]) -> _Summary:
+        """From :meth:`TeacherCollapseCheck._parts`: raw (all values finite) or clean."""
+        count = view.values.numel()
+        n_fin, nan = got.get("finite", count), float("nan")
+        mean, spread = mean_spread(n_fin, got["sum"], got["sum_sq"]) if n_fin else (nan, nan)
+        return cls(
+            count=count,
+            nonfinite=int(count - n_fin),
+            mean=mean,
+            spread=spread,
+            uniform_fraction=got["uniform"] / n_fin if "uniform" in got and n_fin else nan,
+            high=got.get("high", math.inf),
+            mass=math.log(got["mass"]) if got.get("mass", 0.0) > 0 else -math.inf,
+            low=int(got.get("low", 0)),
+            flat=int(got.get("flat", 0)),
+        )
+
+    @property
+    def median_low(self) -> bool:
+        """Whether the finite values' lower median is at or below the near-uniform bound: it is
+        iff more than (n − 1) // 2 of the n finite values are."""
+        return self.low > (self.count - self.nonfinite - 1) // 2
 
 
 def _dedupe(findings: list[Finding]) -> list[Finding]:

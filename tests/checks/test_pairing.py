@@ -8,6 +8,7 @@ import torch
 from distill_guard.checks import TokenPairingCheck
 from distill_guard.findings import Code, Severity
 from distill_guard.observations import RunSpec, TeacherScores
+from tests.checks._syncs import host_reads
 
 V = 1000
 G = torch.Generator().manual_seed(0)
@@ -105,3 +106,21 @@ def test_a_handful_of_answer_tokens_in_every_top_k_does_not_hide_a_shift():
         TeacherScores(0, topk_ids=shifted, token_ids=tokens.reshape(-1), sample_index=sample)
     )
     assert f.code == Code.TEACHER_POSITION_SHIFT
+
+
+def test_a_paired_step_reads_the_host_once():
+    """The vocabulary, position and tokens tests read their counts in one host transfer (on a
+    GPU each further read is a round trip on the guard's per-step path)."""
+    tokens, ids, sample = batch()
+    top = -torch.rand(tokens.numel(), 8).sort(dim=1, descending=True).values
+    scores = TeacherScores(
+        0,
+        token_logprobs=top[:, 0] - 0.5,
+        topk_logprobs=top,
+        topk_ids=ids,
+        token_ids=tokens,
+        sample_index=sample,
+    )
+    with host_reads() as reads:
+        assert judge(scores, RunSpec(vocab_size=V, student_vocab_size=V)) == []
+    assert len(reads) <= 1, reads

@@ -10,6 +10,7 @@ import torch
 from distill_guard.checks import TeacherCollapseCheck
 from distill_guard.findings import Code, Severity
 from distill_guard.observations import RunSpec, StepMetrics, TeacherScores
+from tests.checks._syncs import host_reads
 from tests.conftest import LN_QWEN3_V, QWEN3_V
 
 UNIFORM = -LN_QWEN3_V
@@ -331,3 +332,19 @@ def test_a_healthy_peaked_teacher_is_not_impossible() -> None:
         TeacherScores(0, top[:, 0].clone(), top), RunSpec(vocab_size=1000)
     )
     assert found == []
+
+
+@pytest.mark.parametrize("run", [KNOWN, UNKNOWN], ids=["vocab", "no-vocab"])
+@pytest.mark.parametrize("samples", [False, True], ids=["batch", "per-sample"])
+def test_a_healthy_step_reads_the_host_once_for_both_views(run, samples):
+    """Top-k rows and sampled tokens: every statistic of both views reaches the host in one
+    transfer (on a GPU each ``tolist``/``item``/``float``/``int`` is a full round trip, on the
+    guard's per-step path); the detail behind a finding is computed only for one."""
+    topk = healthy_topk(512)
+    tokens = topk[:, 0] - torch.rand(512, generator=torch.Generator().manual_seed(1))
+    sample = torch.arange(16).repeat_interleave(32) if samples else None
+    teacher = TeacherScores(3, token_logprobs=tokens, topk_logprobs=topk, sample_index=sample)
+    with host_reads() as reads:
+        found = TeacherCollapseCheck().on_teacher_scores(teacher, run)
+    assert found == []
+    assert len(reads) <= 1, reads
