@@ -15,10 +15,9 @@ import argparse
 import gc
 import json
 import os
-import statistics
-import time
 
 import torch
+from canary_cost import timed  # the same synchronised median as the canary's cost
 
 from distill_guard.live.canary import Canary
 from distill_guard.teachers import TorchTeacher
@@ -64,17 +63,6 @@ def build(shape: str) -> TorchTeacher:
     return teacher
 
 
-def timed(fn, repeat: int) -> float:
-    out = []
-    for _ in range(repeat):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        out.append(time.perf_counter() - t)
-    return statistics.median(out)
-
-
 def bench_shape(shape: str) -> dict:
     teacher = build(shape)
     n_bytes = sum(p.numel() * p.element_size() for p in teacher.model.parameters())
@@ -85,9 +73,10 @@ def bench_shape(shape: str) -> dict:
         teacher.release()
         teacher.resume()
 
-    first_wake = timed(wake, 1)
-    wake_s = timed(wake, 3)
-    canary_s = timed(lambda: canary.measure(teacher), 5)
+    cuda = torch.device("cuda")
+    first_wake = timed(wake, cuda, 1, 0)
+    wake_s = timed(wake, cuda, 3, 0)
+    canary_s = timed(lambda: canary.measure(teacher), cuda, 5, 0)
     assert canary.verify(teacher) == [], "the backed-up teacher must pass its canary"
     print(
         f"{shape}: {n_bytes / 1e9:.2f} GB of weights; pause+resume with CPU backup "

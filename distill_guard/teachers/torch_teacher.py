@@ -11,6 +11,7 @@ default, or garbage), like fresh physical pages mapped at the same virtual addre
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import threading
 from collections.abc import Iterator
@@ -84,9 +85,7 @@ class _TMSRegion:
         self._tms.resume(self._tag)
 
 
-_EXIT_HOOKED: list[bool] = []
-
-
+@functools.cache
 def _free_outside_regions_at_exit(tms) -> None:
     """Let the interpreter's teardown free region memory without killing the process.
 
@@ -94,10 +93,7 @@ def _free_outside_regions_at_exit(tms) -> None:
     support interesting region", ``csrc/entrypoint.cpp``), and at shutdown torch frees the
     region's blocks outside any region: a run whose every step passed exits 1 (docs/teachers.md,
     "Exiting after torch_memory_saver"). At exit, once no more work can run, the flag the hook
-    checks is set for the rest of the process; installed once, at the first region."""
-    if _EXIT_HOOKED:
-        return
-    _EXIT_HOOKED.append(True)
+    checks is set for the rest of the process; installed once (cached), at the first region."""
 
     def set_flag() -> None:
         impl = getattr(tms, "_impl", None)

@@ -36,10 +36,11 @@ def judge(scores, run=SHARED):
     return TokenPairingCheck().on_teacher_scores(scores, run)
 
 
-def test_a_paired_batch_is_clean():
+def paired_scores() -> TeacherScores:
+    """A paired batch with every view: tokens and their logprobs, top-k rows, ids, samples."""
     tokens, ids, sample = batch()
     top = -torch.rand(tokens.numel(), 8).sort(dim=1, descending=True).values
-    scores = TeacherScores(
+    return TeacherScores(
         0,
         token_logprobs=top[:, 0] - 0.5,
         topk_logprobs=top,
@@ -47,6 +48,10 @@ def test_a_paired_batch_is_clean():
         token_ids=tokens,
         sample_index=sample,
     )
+
+
+def test_a_paired_batch_is_clean():
+    scores = paired_scores()
     assert judge(scores, RunSpec(vocab_size=V, student_vocab_size=V)) == []
 
 
@@ -111,16 +116,7 @@ def test_a_handful_of_answer_tokens_in_every_top_k_does_not_hide_a_shift():
 def test_a_paired_step_reads_the_host_once():
     """The vocabulary, position and tokens tests read their counts in one host transfer (on a
     GPU each further read is a round trip on the guard's per-step path)."""
-    tokens, ids, sample = batch()
-    top = -torch.rand(tokens.numel(), 8).sort(dim=1, descending=True).values
-    scores = TeacherScores(
-        0,
-        token_logprobs=top[:, 0] - 0.5,
-        topk_logprobs=top,
-        topk_ids=ids,
-        token_ids=tokens,
-        sample_index=sample,
-    )
+    scores = paired_scores()
     with host_reads() as reads:
         assert judge(scores, RunSpec(vocab_size=V, student_vocab_size=V)) == []
     assert len(reads) <= 1, reads
