@@ -14,6 +14,7 @@ from distill_guard.checks import default_checks
 from distill_guard.errors import GuardError
 from distill_guard.findings import Code, Finding, Severity
 from distill_guard.guard import DistillGuard
+from distill_guard.linear_loss import distill_loss_from_hidden
 from distill_guard.losses import DistillLoss, distill_loss
 from distill_guard.observations import LossKind, Metric, RunSpec
 from distill_guard.policy import Action, Decision, Halt, Policy
@@ -31,6 +32,7 @@ __all__ = [
     "Action", "Code", "Decision", "DistillGuard", "DistillLoss", "Finding", "GuardConfig",
     "GuardError", "Halt", "LossKind", "Metric", "Policy", "RunSpec", "Severity", "StepGuard",
     "__version__", "build_guard", "compose_guard_config", "default_checks", "distill_loss",
+    "distill_loss_from_hidden",
 ]
 # fmt: on
 

@@ -426,7 +426,8 @@ def _merge_sub_rows(sub: torch.Tensor, mode: int) -> torch.Tensor:
     stats[_LSE_S], stats[_LSE_T] = lse_s, lse_t
     stats[_H_S] = lse_s - mean(w_s, lse_s_i - h_s_i)  # H = lse − E[x]
     stats[_H_T] = lse_t - mean(w_t, lse_t_i - h_t_i)
-    stats[_TOP1_T] = (top1_i + lse_t_i).amax(1) - lse_t
+    max_t = torch.where(lse_t_i == -math.inf, -math.inf, top1_i + lse_t_i)  # a row's largest y
+    stats[_TOP1_T] = max_t.amax(1) - lse_t
     stats[_LOSS] = stats[_AUX] = 0.0
     if mode == _MODES[LossKind.FORWARD_KL]:  # E_t[y − x] − lse_t + lse_s
         stats[_LOSS] = mean(w_t, loss_i + lse_t_i - lse_s_i) - lse_t + lse_s

@@ -1,0 +1,110 @@
+"""The loss from hidden states compiled on CUDA: the Triton path against float64 (small shapes,
+and at Qwen3's V = 151936 with split sub-rows), a top-K teacher, both head-gradient
+accumulations, and its memory (chunks of logits, never ``[N, V]``)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from distill_guard.linear_loss import default_chunk_rows, distill_loss_from_hidden
+from distill_guard.losses import distill_loss
+from tests.test_linear_loss import TRITON_SCRIPT
+
+NEEDS_TORCH_MEMORY_SAVER = False
+V = 151_936
+
+
+def test_triton_path_compiled_matches_float64_references():
+    proc = subprocess.run(
+        [sys.executable, "-c", TRITON_SCRIPT],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().endswith("ok")
+
+
+def _inputs(n: int, h: int, seed: int = 0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+
+    def randn(*shape, scale=1.0):
+        return (torch.randn(*shape, device="cuda", generator=g) * scale).bfloat16()
+
+    return randn(n, h), randn(V, h, scale=3 / h**0.5), randn(n, h), randn(V, h, scale=3 / h**0.5)
+
+
+def _reference(hs, w, teacher_logits, beta):
+    h64, w64 = hs.double().requires_grad_(), w.double().requires_grad_()
+    loss = distill_loss(h64 @ w64.t(), teacher_logits, beta=beta, backend="torch").loss
+    loss.backward()
+    return float(loss), h64.grad, w64.grad
+
+
+def _rel(a, b):
+    return float((a.double() - b).norm() / b.norm())
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
+def test_full_vocabulary_against_float64(beta):
+    hs, w, ht, wt = _inputs(300, 256)
+    h, ww = hs.clone().requires_grad_(), w.clone().requires_grad_()
+    out = distill_loss_from_hidden(h, ww, ht, wt, beta=beta, chunk_rows=64)  # 32 sub-rows a row
+    out.loss.backward()
+    loss, gh, gw = _reference(hs, w, ht.double() @ wt.double().t(), beta)
+    assert abs(float(out.loss) - loss) < 2e-5
+    for got, exact in ((h.grad, gh), (ww.grad, gw)):
+        assert _rel(got, exact) <= 1.5 * _rel(exact.bfloat16(), exact)
+    lt = torch.log_softmax(ht.double() @ wt.double().t(), -1)
+    assert float((out.teacher_top1_logprob - lt.amax(-1)).abs().max()) < 1e-4
+
+
+def test_bf16_accumulation_is_further_off_than_float32():
+    hs, w, ht, wt = _inputs(1024, 256)
+    errs = {}
+    _, _, gw = _reference(hs, w, ht.double() @ wt.double().t(), 0.5)
+    for f32 in (True, False):
+        ww = w.clone().requires_grad_()
+        out = distill_loss_from_hidden(hs, ww, ht, wt, chunk_rows=64, float32_weight_grad=f32)
+        out.loss.backward()
+        errs[f32] = _rel(ww.grad, gw)
+    assert errs[True] <= 1.5 * _rel(gw.bfloat16(), gw) < errs[False]
+
+
+def test_topk_teacher_on_cuda_against_float64():
+    hs, w, ht, wt = _inputs(200, 256)
+    lp = torch.log_softmax((ht @ wt.t()).float(), -1)
+    top, ids = lp.topk(32, dim=-1)
+    h, ww = hs.clone().requires_grad_(), w.clone().requires_grad_()
+    out = distill_loss_from_hidden(h, ww, teacher_topk=(top, ids), beta=0.5)
+    out.loss.backward()
+    dense = torch.full((200, V), float("-inf"), device="cuda", dtype=torch.float64)
+    dense.scatter_(1, ids, top.double())
+    loss, gh, gw = _reference(hs, w, dense, 0.5)
+    assert abs(float(out.loss) - loss) < 2e-5
+    for got, exact in ((h.grad, gh), (ww.grad, gw)):
+        assert _rel(got, exact) <= 1.5 * _rel(exact.bfloat16(), exact)
+
+
+def test_peak_memory_is_chunks_and_the_gradients():
+    n, hd = 4096, 1024
+    hs, w, ht, wt = _inputs(n, hd)
+    h, ww = hs.clone().requires_grad_(), w.clone().requires_grad_()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = distill_loss_from_hidden(h, ww, ht, wt)
+    gh, gw = torch.autograd.grad(out.loss, [h, ww])
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    chunk = default_chunk_rows(n, hd, V)
+    logits = chunk * V * (2 * 4 + 2)  # both float32 chunks and the bf16 gradient rows
+    grads = V * hd * (4 + 2) + n * hd * 2  # the float32 accumulator, its bf16 copy, grad_h
+    assert peak <= 1.5 * logits + grads + 64 * 2**20, (peak, logits, grads)
+    assert peak < n * V * 2 + grads  # less than one model's bf16 logits beyond the gradients
