@@ -34,7 +34,8 @@ import os
 import torch
 from gpu_signals import measure  # the same timing and peak-memory yardstick as §2
 
-from distill_guard.linear_loss import default_chunk_rows, distill_loss_from_hidden
+import distill_guard.linear_loss as linear_loss
+from distill_guard.linear_loss import CHUNK_ROWS, distill_loss_from_hidden
 from distill_guard.losses import distill_loss
 
 V, H, BETA, TOPK = 151_936, 2048, 0.5, 64
@@ -105,19 +106,22 @@ def errors(loss, grads, ref) -> dict[str, float]:
     }
 
 
-def matmuls_chunked(x: dict, chunk: int):
-    """The four products of our chunking, the loss's own work left out."""
+def matmuls_chunked(x: dict, chunk: int, group: int):
+    """The four products as ours runs them, the loss's own work left out: both float32 logits
+    per chunk, the hidden-state gradient and the head's float32 accumulation per group."""
     h, w, ht, wt = x["h"], x["w"], x["ht"], x["wt"]
     n = h.shape[0]
-    g = torch.randn(chunk, V, device=h.device).to(torch.bfloat16)
+    g = torch.randn(group, V, device=h.device).to(torch.bfloat16)
     grad_h = torch.empty_like(h)
     grad_w = torch.zeros(w.shape, dtype=torch.float32, device=w.device)
     for a in range(0, n, chunk):
         b = min(a + chunk, n)
         torch.mm(h[a:b], w.t(), out_dtype=torch.float32)
         torch.mm(ht[a:b], wt.t(), out_dtype=torch.float32)
-        grad_h[a:b] = torch.mm(g[: b - a], w, out_dtype=torch.float32)
-        torch.addmm(grad_w, g[: b - a].t(), h[a:b], out_dtype=torch.float32, out=grad_w)
+        if b % group == 0 or b == n:
+            a0 = (b - 1) // group * group
+            grad_h[a0:b] = torch.mm(g[: b - a0], w, out_dtype=torch.float32)
+            torch.addmm(grad_w, g[: b - a0].t(), h[a0:b], out_dtype=torch.float32, out=grad_w)
     return grad_w.to(w.dtype)
 
 
@@ -159,8 +163,8 @@ def methods(x: dict, topk, liger: dict) -> dict:
         fused = liger["fused"](jsd_beta=BETA)
         fused32 = liger["fused"](jsd_beta=BETA, accum_dtype=torch.float32)
         jsd = liger["jsd"](beta=BETA)
-        out["liger_fused_linear"] = lambda: grads(fused(h, w, ht, wt))
-        out["liger_fused_linear_fp32_accum"] = lambda: grads(fused32(h, w, ht, wt))
+        out["liger_fused_linear"] = lambda: grads(fused(h, w, ht, wt, None))
+        out["liger_fused_linear_fp32_accum"] = lambda: grads(fused32(h, w, ht, wt, None))
         out["liger_from_logits"] = lambda: grads(
             jsd(
                 torch.log_softmax((h @ w.t()).float(), -1),
@@ -181,7 +185,7 @@ def copy_bandwidth(rows: int) -> dict[str, float]:
 
 def run_rows(rows: int, liger: dict, chunks: list[int]) -> dict:
     x = inputs(rows)
-    res: dict = {"rows": rows, "chunk_rows": default_chunk_rows(rows, H, V)}
+    res: dict = {"rows": rows, "chunk_rows": CHUNK_ROWS, "group_chunks": linear_loss._GROUP_CHUNKS}
     res["copy"] = copy_bandwidth(rows)
     copy_bw = res["copy"]["GBps"] * 1e9
     topk = teacher_topk(x)
@@ -203,7 +207,8 @@ def run_rows(rows: int, liger: dict, chunks: list[int]) -> dict:
             res[name] = {"error": f"OOM: {exc}"[:160]}
         torch.cuda.empty_cache()
         print(f"  {name}: {res[name]}", flush=True)
-    ms, peak = measure(lambda: matmuls_chunked(x, res["chunk_rows"]))
+    group = CHUNK_ROWS * linear_loss._GROUP_CHUNKS
+    ms, peak = measure(lambda: matmuls_chunked(x, CHUNK_ROWS, group))
     res["matmuls_chunked"] = {"ms": ms, "peak_extra_MB": peak}
     try:
         ms, peak = measure(lambda: matmuls_whole(x))
@@ -229,22 +234,24 @@ def run_rows(rows: int, liger: dict, chunks: list[int]) -> dict:
         h = x["h"].detach().clone().requires_grad_()
         w = x["w"].detach().clone().requires_grad_()
         res["chunk_sweep"] = {}
+        default_group = linear_loss._GROUP_CHUNKS
         for c in chunks:
-            for f32 in (True, False):
+            for groups in (2, 4, 8):
+                for f32 in (True, False):
 
-                def run(c=c, f32=f32):
-                    out = distill_loss_from_hidden(
-                        h, w, x["ht"], x["wt"], beta=BETA, chunk_rows=c, float32_weight_grad=f32
-                    )
-                    return torch.autograd.grad(out.loss, [h, w])
+                    def run(c=c, f32=f32):
+                        out = distill_loss_from_hidden(
+                            h, w, x["ht"], x["wt"], chunk_rows=c, float32_weight_grad=f32
+                        )
+                        return torch.autograd.grad(out.loss, [h, w])
 
-                ms, peak = measure(run)
-                res["chunk_sweep"][f"{c}{'' if f32 else '_bf16acc'}"] = {
-                    "ms": ms,
-                    "peak_extra_MB": peak,
-                }
-                print(f"  chunk {c} f32acc={f32}: {ms:.2f} ms {peak:.0f} MB", flush=True)
-                torch.cuda.empty_cache()
+                    linear_loss._GROUP_CHUNKS = groups
+                    ms, peak = measure(run)
+                    linear_loss._GROUP_CHUNKS = default_group
+                    key = f"chunk{c}_group{groups}{'' if f32 else '_bf16acc'}"
+                    res["chunk_sweep"][key] = {"ms": ms, "peak_extra_MB": peak}
+                    print(f"  {key}: {ms:.2f} ms {peak:.0f} MB", flush=True)
+                    torch.cuda.empty_cache()
     return res
 
 

@@ -45,6 +45,11 @@ from distill_guard.signals import _use_triton
 
 _HEAD_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _MAX_SPLITS = 64
+CHUNK_ROWS = 256
+"""Rows of float32 logits per chunk: a product of 256 rows does about 256 FLOP per byte of the
+head it reads, past an H200's ridge (~165), so the head's re-reads cost no time."""
+_GROUP_CHUNKS = 4
+"""Chunks of gradient rows per hidden-state-gradient and head-gradient matmul."""
 _MIN_SPLIT_COLS = 4096
 """The narrowest sub-row the kernels get: two blocks of 2048 columns."""
 
@@ -91,8 +96,9 @@ def distill_loss_from_hidden(
     :attr:`DistillLoss.loss` only: they are formed during the forward (so :attr:`per_token` is
     detached here). ``float32_weight_grad`` accumulates the head's gradient in float32 (one
     ``[V, H]`` float32 buffer during the call; ``False`` accumulates in the head's dtype, as
-    Liger does, with several bf16 roundings). ``chunk_rows`` (default: about N·H/V, a power of
-    two in [64, 1024]) bounds the float32 logits held at once to ``2 × chunk_rows × V``.
+    Liger does, with one rounding per group of chunks). ``chunk_rows`` (default
+    :data:`CHUNK_ROWS`) bounds what is held at once to two ``[chunk_rows, V]`` float32 logits
+    and ``[4 × chunk_rows, V]`` gradient rows in the head's dtype.
     ``backend`` as in :func:`~distill_guard.losses.distill_loss`. With top-K the teacher's
     signals are over its K entries: :attr:`DistillLoss.teacher_top1_logprob` is the largest
     logprob as given (−ln V for a uniform teacher), the teacher's entropy is that of the
@@ -134,7 +140,7 @@ def distill_loss_from_hidden(
     valid = _valid_positions(lead, device, mask, labels, ignore_index).reshape(-1)
     n = valid.numel()
     if chunk_rows is None:
-        chunk_rows = default_chunk_rows(n, h, v)
+        chunk_rows = max(1, min(CHUNK_ROWS, n))
     elif chunk_rows < 1:
         raise GuardValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
     plan = _Plan(
@@ -165,14 +171,6 @@ def distill_loss_from_hidden(
         scale=scale,
         vocab_size=v,
     )
-
-
-def default_chunk_rows(rows: int, hidden: int, vocab: int) -> int:
-    """Rows per chunk: the power of two nearest N·H/V, so a chunk's logits are about the size of
-    the hidden states, within [64, 1024] (and no more than the rows there are)."""
-    target = max(1.0, rows * hidden / vocab)
-    chunk = 1 << max(0, round(math.log2(target)))
-    return max(1, min(max(64, min(chunk, 1024)), rows))
 
 
 def _check_head(name: str, hidden: torch.Tensor, head: torch.Tensor) -> tuple[int, int]:
@@ -237,28 +235,25 @@ class _FusedLinearDivergence(torch.autograd.Function):
         weight = torch.where(valid, plan.inv_temp, 0.0)
         if plan.mode == _MODES[LossKind.JSD]:
             weight = weight * (1.0 - plan.beta)
-        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        grads = _GradBuffers.allocate(
-            hidden, head, need_h, need_w, plan.float32_weight_grad, 1.0 / count
-        )
         s_head = _matmul_head(head)
         t_head = None if topk else _matmul_head(teacher_b)
+        grads = _GradBuffers(
+            hidden, head, s_head, ctx.needs_input_grad[0], ctx.needs_input_grad[1], plan, count
+        )
         for a in range(0, n, plan.chunk_rows):
             b = min(a + plan.chunk_rows, n)
             x = _logits(hidden[a:b], s_head)
+            out = grads.rows_for(a, b)  # where this chunk's gradient rows go; None: not asked
             if topk:
-                chunk_stats, g = _topk_chunk(
-                    x, teacher_a[a:b], teacher_b[a:b], valid[a:b], weight[a:b], plan, grads.any
+                chunk = _topk_chunk(
+                    x, teacher_a[a:b], teacher_b[a:b], valid[a:b], weight[a:b], plan, out
                 )
             else:
                 y = _logits(teacher_a[a:b], t_head)
-                chunk_stats, g = _full_chunk(x, y, valid[a:b], weight[a:b], plan, grads.any)
+                chunk = _full_chunk(x, y, valid[a:b], weight[a:b], plan, out)
                 del y
             del x
-            stats[:, a:b] = chunk_stats
-            if g is not None:
-                grads.add(g, hidden[a:b], s_head, a, b)
-                del g
+            stats[:, a:b] = chunk
         grad_h, grad_w = grads.finish()
         ctx.save_for_backward(grad_h, grad_w)
         per_row = torch.where(valid, stats[_LOSS], 0.0)
@@ -277,39 +272,61 @@ class _FusedLinearDivergence(torch.autograd.Function):
 
 
 class _GradBuffers:
-    """The student's hidden-state gradient and the head's (accumulated in float32, or in the
-    head's dtype), filled chunk by chunk."""
+    """The gradient rows of a group of chunks, and what they give when the group is full: the
+    student's hidden-state gradient and the head's (accumulated in float32, or in the head's
+    dtype). One matmul per group, not per chunk: accumulating into the ``[V, H]`` head gradient
+    reads and writes all of it each time, so a chunk of a few hundred rows would be bound by
+    that traffic, not by the matmul."""
 
-    def __init__(self, grad_h, grad_w, out_dtype, inv_count):
-        self.grad_h, self.grad_w, self.out_dtype = grad_h, grad_w, out_dtype
-        self.inv_count = inv_count
+    def __init__(self, hidden, head, s_head, need_h: bool, need_w: bool, plan: _Plan, count):
+        n, v = hidden.shape[0], head.shape[0]
+        self.hidden, self.s_head, self.out_dtype = hidden.detach(), s_head, head.dtype
+        self.inv_count = 1.0 / count
         """1/n, the mean's factor, applied in float32 to what the row gradients give."""
-        self.any = grad_h is not None or grad_w is not None
+        self.grad_h = torch.empty_like(hidden) if need_h else None
+        w_dtype = torch.float32 if plan.float32_weight_grad or not head.is_cuda else head.dtype
+        self.grad_w = torch.zeros(head.shape, dtype=w_dtype, device=head.device) if need_w else None
+        group = min(n, plan.chunk_rows * _GROUP_CHUNKS)
+        self.rows = (
+            torch.empty(group, v, dtype=plan.grad_dtype, device=hidden.device)
+            if need_h or need_w
+            else None
+        )
+        self.start = 0  # the hidden-state row of the buffer's first row
+        self.filled = 0
 
-    @classmethod
-    def allocate(cls, hidden, head, need_h, need_w, float32_weight: bool, inv_count):
-        grad_h = torch.empty_like(hidden) if need_h else None
-        w_dtype = torch.float32 if float32_weight or not head.is_cuda else head.dtype
-        grad_w = torch.zeros(head.shape, dtype=w_dtype, device=head.device) if need_w else None
-        return cls(grad_h, grad_w, head.dtype, inv_count)
+    def rows_for(self, a: int, b: int) -> torch.Tensor | None:
+        """The buffer rows chunk ``[a, b)`` writes its gradient rows into (after a flush of the
+        group before, when full); None when no gradient is asked."""
+        if self.rows is None:
+            return None
+        if self.filled + (b - a) > self.rows.shape[0]:
+            self._flush()
+        out = self.rows[self.filled : self.filled + b - a]
+        self.filled += b - a
+        return out
 
-    def add(self, g, hidden_rows, s_head, a: int, b: int) -> None:
-        """Row gradients ``g`` ``[b − a, V]`` (in the matmul dtype) into both buffers."""
-        if self.grad_h is not None:  # float32, rounded once to the hidden states' dtype
-            self.grad_h[a:b] = _mm_float32(g, s_head).mul_(self.inv_count)
-        if self.grad_w is None:
+    def _flush(self) -> None:
+        m, a = self.filled, self.start
+        if m == 0:
             return
-        rows = hidden_rows.detach()
-        if self.grad_w.dtype == torch.float32:  # 1/n applied in finish()
-            if g.dtype == torch.float32:
+        g, rows = self.rows[:m], self.hidden[a : a + m]
+        if self.grad_h is not None:  # float32, rounded once to the hidden states' dtype
+            self.grad_h[a : a + m] = _mm_float32(g, self.s_head).mul_(self.inv_count)
+        if self.grad_w is not None:
+            if self.grad_w.dtype != torch.float32:  # in the head's dtype; 1/n carried by the rows
+                self.grad_w.addmm_(g.t(), (rows.float() * self.inv_count).to(g.dtype))
+            elif g.dtype == torch.float32:  # 1/n applied in finish()
                 self.grad_w.addmm_(g.t(), rows.float())
             else:  # CUDA: half-precision operands accumulated into float32
                 torch.addmm(self.grad_w, g.t(), rows, out_dtype=torch.float32, out=self.grad_w)
-        else:  # accumulated in the head's dtype, 1/n carried by the rows
-            self.grad_w.addmm_(g.t(), (rows.float() * self.inv_count).to(g.dtype))
+        self.start, self.filled = a + m, 0
 
     def finish(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Both gradients of the mean in the inputs' dtypes; empty where not asked."""
+        if self.rows is not None:
+            self._flush()
+        self.rows = None  # freed before the head's gradient is cast
         grad_h, grad_w = self.grad_h, self.grad_w
         self.grad_h = self.grad_w = None
         if grad_w is not None and grad_w.dtype == torch.float32:
@@ -355,20 +372,18 @@ def _splits(rows: int, vocab: int) -> int:
     return s
 
 
-def _full_chunk(x, y, valid, weight, plan: _Plan, need_grad: bool):
-    """Statistics ``[7, C]`` of float32 logits rows and, if asked, their gradient rows in the
-    matmul dtype."""
+def _full_chunk(x, y, valid, weight, plan: _Plan, out: torch.Tensor | None) -> torch.Tensor:
+    """Statistics ``[7, C]`` of float32 logits rows; their gradient rows into ``out``, if
+    given."""
     if plan.triton:
-        return _triton_chunk(x, y, valid, weight, plan, need_grad)
+        return _triton_chunk(x, y, valid, weight, plan, out)
     stats = _torch_forward(x, y, valid, plan.beta, plan.inv_temp, plan.mode, x.shape[0])
-    if not need_grad:
-        return stats, None
-    g = torch.empty_like(x, dtype=plan.grad_dtype)
-    _torch_backward(x, y, stats, weight, plan.beta, plan.inv_temp, plan.mode, x.shape[0], g)
-    return stats, g
+    if out is not None:
+        _torch_backward(x, y, stats, weight, plan.beta, plan.inv_temp, plan.mode, x.shape[0], out)
+    return stats
 
 
-def _triton_chunk(x, y, valid, weight, plan: _Plan, need_grad: bool):
+def _triton_chunk(x, y, valid, weight, plan: _Plan, out: torch.Tensor | None) -> torch.Tensor:
     """The three kernels of :func:`~distill_guard.losses.distill_loss` over ``C·S`` sub-rows of
     ``V/S`` columns; the sub-rows' statistics are merged exactly (log-sum-exp weights)."""
     from distill_guard.triton_kernels import (
@@ -395,21 +410,18 @@ def _triton_chunk(x, y, valid, weight, plan: _Plan, need_grad: bool):
         )
         stats[_LOSS] = loss.view(c, s).sum(1)
         stats[_AUX] = aux.view(c, s).sum(1)
-    if not need_grad:
-        return stats, None
-    expanded = stats.repeat_interleave(s, dim=1)
-    g = torch.empty((c, v), dtype=plan.grad_dtype, device=x.device)
-    triton_loss_grad(
-        xs,
-        ys,
-        expanded,
-        weight.repeat_interleave(s),
-        plan.beta,
-        plan.inv_temp,
-        plan.mode,
-        g.view(c * s, v // s),
-    )
-    return stats, g
+    if out is not None:
+        triton_loss_grad(
+            xs,
+            ys,
+            stats.repeat_interleave(s, dim=1),
+            weight.repeat_interleave(s),
+            plan.beta,
+            plan.inv_temp,
+            plan.mode,
+            out.view(c * s, v // s),
+        )
+    return stats
 
 
 def _merge_sub_rows(sub: torch.Tensor, mode: int) -> torch.Tensor:
@@ -438,9 +450,9 @@ def _merge_sub_rows(sub: torch.Tensor, mode: int) -> torch.Tensor:
     return stats
 
 
-def _topk_chunk(x, logprobs, ids, valid, weight, plan: _Plan, need_grad: bool):
-    """Statistics and gradient rows against a teacher known on K ids per row: its K logprobs
-    renormalised at the loss's temperature, zero elsewhere."""
+def _topk_chunk(x, logprobs, ids, valid, weight, plan: _Plan, out) -> torch.Tensor:
+    """Statistics against a teacher known on K ids per row (its K logprobs renormalised at the
+    loss's temperature, zero elsewhere); the gradient rows into ``out``, if given."""
     c = x.shape[0]
     x.mul_(plan.inv_temp)
     lse_s = torch.logsumexp(x, dim=-1)
@@ -464,15 +476,15 @@ def _topk_chunk(x, logprobs, ids, valid, weight, plan: _Plan, need_grad: bool):
         kl_t = torch.where(pt == 0, 0.0, pt * (lt - lm_k)).sum(-1)
         stats[_LOSS] = (1.0 - beta) * kl_s + beta * kl_t
         stats[_AUX] = kl_s
-        if not need_grad:
-            return stats, None
+        if out is None:
+            return stats
         # ∂JSD/∂x_j = (1−β)·p_j·(log(p_j/m_j) − KL(s‖m)); (1−β)/τ is in the weight
         g = ps.mul_((tail - kl_s)[:, None])
         g.scatter_(1, ids, torch.where(ps_k == 0, 0.0, ps_k * (ls_k - lm_k - kl_s[:, None])))
     else:  # forward KL(t‖s) = Σ_k p_t,k·(log p_t,k − log p_s,k); ∂/∂x = p_s − p_t
         stats[_LOSS] = stats[_AUX] = torch.where(pt == 0, 0.0, pt * (lt - ls_k)).sum(-1)
-        if not need_grad:
-            return stats, None
+        if out is None:
+            return stats
         g = ps.scatter_add_(1, ids, -pt)
-    g = g.mul_(weight[:, None]).masked_fill_(~valid[:, None], 0.0)
-    return stats, g.to(plan.grad_dtype)
+    out.copy_(g.mul_(weight[:, None]).masked_fill_(~valid[:, None], 0.0))
+    return stats

@@ -19,7 +19,7 @@ import torch
 
 from distill_guard import StepGuard, distill_loss_from_hidden
 from distill_guard.errors import GuardTypeError, GuardValueError
-from distill_guard.linear_loss import _merge_sub_rows, _splits, default_chunk_rows
+from distill_guard.linear_loss import _merge_sub_rows, _splits
 from distill_guard.losses import _MODES, _torch_forward, distill_loss
 from distill_guard.observations import LossKind
 
@@ -242,11 +242,7 @@ def test_bad_teacher_arguments():
         distill_loss_from_hidden(x["h"], x["w"], x["ht"], x["wt"], temperature=0.0)
 
 
-def test_default_chunk_and_splits():
-    assert default_chunk_rows(16384, 2048, 151936) == 256  # logits ≈ the hidden states' size
-    assert default_chunk_rows(4096, 2048, 151936) == 64
-    assert default_chunk_rows(10, 16, 96) == 10  # never more than the rows
-    assert default_chunk_rows(10**6, 8192, 32000) == 1024
+def test_splits_fill_the_gpu_with_whole_divisors():
     assert _splits(256, 151936) == 8  # 2048 programs, sub-rows of 18992 columns
     assert _splits(64, 151936) == 32
     assert _splits(4096, 151936) == 1
