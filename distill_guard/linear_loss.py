@@ -240,20 +240,27 @@ class _FusedLinearDivergence(torch.autograd.Function):
         grads = _GradBuffers(
             hidden, head, s_head, ctx.needs_input_grad[0], ctx.needs_input_grad[1], plan, count
         )
+        split = None
+        if plan.triton and not topk:
+            from distill_guard.kernels.split_rows import SplitRows
+
+            split = SplitRows(n, _splits(plan.chunk_rows, head.shape[0]), valid, weight)
         for a in range(0, n, plan.chunk_rows):
             b = min(a + plan.chunk_rows, n)
             x = _logits(hidden[a:b], s_head)
             out = grads.rows_for(a, b)  # where this chunk's gradient rows go; None: not asked
             if topk:
-                chunk = _topk_chunk(
-                    x, teacher_a[a:b], teacher_b[a:b], valid[a:b], weight[a:b], plan, out
-                )
+                chunk = (x, teacher_a[a:b], teacher_b[a:b], valid[a:b], weight[a:b], plan, out)
+                stats[:, a:b] = _topk_chunk(*chunk)
+                continue
+            y = _logits(teacher_a[a:b], t_head)
+            if split is None:
+                stats[:, a:b] = _torch_chunk(x, y, valid[a:b], weight[a:b], plan, out)
             else:
-                y = _logits(teacher_a[a:b], t_head)
-                chunk = _full_chunk(x, y, valid[a:b], weight[a:b], plan, out)
-                del y
-            del x
-            stats[:, a:b] = chunk
+                split.chunk(x, y, a, plan.inv_temp, plan.beta, plan.mode, out)
+            del x, y
+        if split is not None:
+            stats = _merged(split, n, plan.mode)
         grad_h, grad_w = grads.finish()
         ctx.save_for_backward(grad_h, grad_w)
         per_row = torch.where(valid, stats[_LOSS], 0.0)
@@ -265,10 +272,28 @@ class _FusedLinearDivergence(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_mean, *_signal_grads):
+        if getattr(ctx, "used", False):
+            raise GuardValueError(
+                "distill_loss_from_hidden forms its gradients in the forward and hands them to the "
+                "first backward: a second backward through the same loss (retain_graph=True) is "
+                "not supported; call distill_loss_from_hidden again"
+            )
+        ctx.used = True
         grad_h, grad_w = ctx.saved_tensors
-        out_h = None if grad_h.numel() == 0 else grad_h * grad_mean.to(grad_h.dtype)
-        out_w = None if grad_w.numel() == 0 else grad_w * grad_mean.to(grad_w.dtype)
-        return out_h, out_w, None, None, None, None
+        # one host read, so that the common upstream 1.0 costs nothing and any other factor is
+        # applied in float32, in place (a copy would double the [V, H] gradient's memory)
+        factor = float(grad_mean)
+        for g in (grad_h, grad_w):
+            if factor != 1.0 and g.numel():
+                g.mul_(factor)
+        return (
+            grad_h if grad_h.numel() else None,
+            grad_w if grad_w.numel() else None,
+            None,
+            None,
+            None,
+            None,
+        )
 
 
 class _GradBuffers:
@@ -372,55 +397,20 @@ def _splits(rows: int, vocab: int) -> int:
     return s
 
 
-def _full_chunk(x, y, valid, weight, plan: _Plan, out: torch.Tensor | None) -> torch.Tensor:
+def _torch_chunk(x, y, valid, weight, plan: _Plan, out: torch.Tensor | None) -> torch.Tensor:
     """Statistics ``[7, C]`` of float32 logits rows; their gradient rows into ``out``, if
-    given."""
-    if plan.triton:
-        return _triton_chunk(x, y, valid, weight, plan, out)
+    given (the PyTorch path of :func:`~distill_guard.losses.distill_loss`)."""
     stats = _torch_forward(x, y, valid, plan.beta, plan.inv_temp, plan.mode, x.shape[0])
     if out is not None:
         _torch_backward(x, y, stats, weight, plan.beta, plan.inv_temp, plan.mode, x.shape[0], out)
     return stats
 
 
-def _triton_chunk(x, y, valid, weight, plan: _Plan, out: torch.Tensor | None) -> torch.Tensor:
-    """The three kernels of :func:`~distill_guard.losses.distill_loss` over ``C·S`` sub-rows of
-    ``V/S`` columns; the sub-rows' statistics are merged exactly (log-sum-exp weights)."""
-    from distill_guard.triton_kernels import (
-        triton_jsd_given_lse,
-        triton_loss_grad,
-        triton_loss_stats,
-    )
-
-    c, v = x.shape
-    s = _splits(c, v)
-    xs, ys = x.view(c * s, v // s), y.view(c * s, v // s)
-    sub_valid = valid.repeat_interleave(s)
-    sub = triton_loss_stats(xs, ys, sub_valid, plan.inv_temp, plan.mode)
-    stats = _merge_sub_rows(sub.view(7, c, s), plan.mode)
-    if plan.mode == _MODES[LossKind.JSD]:
-        loss, aux = triton_jsd_given_lse(
-            xs,
-            ys,
-            stats[_LSE_S].repeat_interleave(s),
-            stats[_LSE_T].repeat_interleave(s),
-            plan.beta,
-            inv_temp=plan.inv_temp,
-            valid=sub_valid,
-        )
-        stats[_LOSS] = loss.view(c, s).sum(1)
-        stats[_AUX] = aux.view(c, s).sum(1)
-    if out is not None:
-        triton_loss_grad(
-            xs,
-            ys,
-            stats.repeat_interleave(s, dim=1),
-            weight.repeat_interleave(s),
-            plan.beta,
-            plan.inv_temp,
-            plan.mode,
-            out.view(c * s, v // s),
-        )
+def _merged(split, rows: int, mode: int) -> torch.Tensor:
+    """``[7, N]`` statistics of whole rows from the Triton path's sub-row partials."""
+    stats = _merge_sub_rows(split.stats.view(7, rows, split.splits), mode)
+    if mode == _MODES[LossKind.JSD]:
+        stats[_LOSS], stats[_AUX] = split.jsd.view(2, rows, split.splits).sum(2)
     return stats
 
 

@@ -326,3 +326,12 @@ def test_triton_path_matches_float64_references():
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().endswith("ok")
+
+
+def test_a_second_backward_is_refused_not_wrong():
+    x = _inputs()
+    h, w = _leaves(x)
+    out = distill_loss_from_hidden(h, w, x["ht"], x["wt"])
+    out.loss.backward(retain_graph=True)
+    with pytest.raises(GuardValueError, match="second backward"):
+        out.loss.backward()
