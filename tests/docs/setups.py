@@ -379,6 +379,17 @@ def fused_plain_loop(ctx: Context) -> None:
     ctx.check = check
 
 
+@setup("hidden-plain-loop")
+def hidden_plain_loop(ctx: Context) -> None:
+    """The fused loop on hidden states and lm heads: the same dying teacher, the same halt."""
+
+    def check(ns: dict[str, Any]) -> None:
+        _check_the_dying_teacher_halted(ctx, ns)
+        assert ns["out"].vocab_size == ns["student"].lm_head.weight.shape[0]
+
+    ctx.check = check
+
+
 @setup("fused-loss")
 def fused_loss(ctx: Context) -> None:
     def check(ns: dict[str, Any]) -> None:
