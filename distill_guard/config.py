@@ -169,3 +169,38 @@ def build_guard(
     guard = DistillGuard(conf.checks.enabled(), conf.policy, conf.run, **kwargs)
     guard.preset = (spec or "default") if spec is None or isinstance(spec, str) else None
     return guard
+
+
+def describe_bad_override(preset: str, overrides: Sequence[str], exc: BaseException) -> str:
+    """One line saying why ``overrides`` (``--set KEY=VALUE``, relative to the guard node) do
+    not compose on ``preset``: the key that is not a setting, with the node's valid keys and the
+    closest of them, a ``guard.`` prefix that doubles the node, or Hydra's own reason (a value
+    of the wrong type) from the exception's cause, not only its first line."""
+    import difflib
+
+    base = compose_guard_config(preset) if preset in PRESETS else None
+    for override in overrides:
+        key = override.partition("=")[0].lstrip("+~")
+        if base is None or not key:
+            continue
+        node: Any = base
+        parts = key.split(".")
+        for depth, part in enumerate(parts):
+            if not isinstance(node, DictConfig):
+                where = ".".join(parts[:depth])
+                return f"{override!r}: {where} is a value, not a group of settings"
+            if part in node:
+                node = node[part]
+                continue
+            where = ".".join(parts[:depth]) or "the guard config"
+            valid = sorted(str(k) for k in node)
+            close = difflib.get_close_matches(part, valid, n=1)
+            hint = f"; did you mean {'.'.join([*parts[:depth], close[0]])}?" if close else ""
+            if depth == 0 and part == "guard":
+                hint = "; --set keys are relative to the guard node: drop the 'guard.' prefix"
+            return f"{override!r}: {where} has no key {part!r} (valid: {', '.join(valid)}){hint}"
+    lines = [str(exc).splitlines()[0]] if str(exc) else [type(exc).__name__]
+    cause = exc.__cause__ or exc.__context__
+    if cause is not None and str(cause):
+        lines.append(str(cause).splitlines()[0])
+    return ": ".join(lines)

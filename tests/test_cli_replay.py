@@ -452,3 +452,23 @@ def test_bad_input_exits_2_with_a_message_naming_the_problem(run_cli, tmp_path, 
     assert expected in err
     assert out == ""
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        (
+            "checks.entropy_drift.hh=3",
+            "checks.entropy_drift has no key 'hh' (valid: critical_fraction_of_log_vocab, enabled,",
+        ),
+        ("guard.checks.entropy_drift.hh=3", "drop the 'guard.' prefix"),
+        ("checks.entropy_drif.window=3", "did you mean checks.entropy_drift?"),
+        ("checks.entropy_drift.window=abc", "'abc' of type 'str' could not be converted"),
+    ],
+)
+def test_a_bad_set_names_the_valid_keys_or_the_reason(run_cli, tmp_path, override, expected):
+    """Issue 28: "Could not override ..." alone dropped the part that says what to type."""
+    good = write_jsonl(healthy_history(10), tmp_path / "good.jsonl")
+    code, out, err = run_cli("replay", good, "--set", override)
+    assert code == 2 and out == ""
+    assert expected in err

@@ -90,7 +90,10 @@ def cmd_reference(args: argparse.Namespace) -> int:
     except GuardValueError as exc:  # a bad temperature, a checkpoint that cannot be read
         raise UsageError(str(exc)) from None
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
-        raise UsageError(f"bad guard setting: {str(exc).splitlines()[0]}") from None
+        from distill_guard.config import describe_bad_override
+
+        why = describe_bad_override(args.preset, args.set, exc)
+        raise UsageError(f"bad guard setting: {why}") from None
     ref.tolerance_mean, ref.tolerance_max = args.tolerance_mean, args.tolerance_max
     ref.save(out)
     summary = {

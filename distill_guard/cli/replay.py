@@ -79,7 +79,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
     except HistoryError as exc:
         raise UsageError(str(exc)) from None
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
-        raise UsageError(f"bad guard setting: {str(exc).splitlines()[0]}") from None
+        from distill_guard.config import describe_bad_override
+
+        why = describe_bad_override(args.preset, args.set, exc)
+        raise UsageError(f"bad guard setting: {why}") from None
     if args.plot and not Path(args.plot).resolve().parent.is_dir():
         raise UsageError(f"--plot {args.plot}: the folder {Path(args.plot).parent} does not exist")
     if args.plot:
