@@ -199,7 +199,8 @@ def _action_lines(result: ReplayResult) -> list[str]:
     """The first action and the halt, each with its reason, or that there was none."""
     first, act = result.first_action, result.first_action_decision
     if first is None or act is None:
-        lines = ["First action: none: the guard would only have alerted."]
+        alerted = ": the guard would only have alerted" if result.findings else ""
+        lines = [f"First action: none{alerted}."]
     else:
         lines = [f"First action: {first.action} at step {first.step} (reason: {act.message})."]
     halt = result.halt_decision

@@ -184,3 +184,17 @@ def test_monitor_only_shows_the_halt_an_acting_guard_would_make_on_the_seed(tmp_
     assert halt is not None and halt.step <= 5 and halt.action is Action.ALERT, halt
     assert halt.intended is Action.HALT
     assert all(d.action in (Action.ALERT, Action.CONTINUE) for d in result.decisions)
+
+
+def test_a_quiet_run_says_no_action_without_claiming_the_guard_alerted(tmp_path):
+    """Issue 28: a run with no findings has nothing the guard "would only have alerted" on."""
+    path = write_jsonl(healthy_history(60, spike_step=None), tmp_path / "q.jsonl")
+    table = format_table(replay(load_history(path)))
+    assert "First action: none." in table
+    assert "alerted" not in table
+
+
+def test_an_alert_only_run_says_the_guard_would_only_have_alerted():
+    f = Finding(Code.STUDENT_TRUNCATION, Severity.WARN, "truncated", 3)
+    result = ReplayResult(history(), "default", findings=[f], decisions=[Decision(3, Action.ALERT)])
+    assert "First action: none: the guard would only have alerted." in format_table(result)
