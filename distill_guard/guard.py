@@ -399,13 +399,25 @@ class DistillGuard:
     # ------------------------------------------------------------------ internals
 
     def _run_checks(self, stage: Stage, observation: Any) -> list[Finding]:
-        """Every check's own hook of ``stage`` (:data:`~distill_guard.checks.base.CHECK_HOOKS`)."""
+        """Every check's own hook of ``stage`` (:data:`~distill_guard.checks.base.CHECK_HOOKS`).
+
+        A step's metrics without teacher evidence of their own (no scores seen this step) take
+        it from a check that flags the teacher from them (its logged logprob at −ln V): the
+        checks after it then read ``teacher_healthy=False``, so none says it saw no teacher
+        evidence while ``teacher.uniform`` fired at the same step."""
         hook = CHECK_HOOKS[stage]
         findings: list[Finding] = []
         for check in self.checks:
-            findings += self._safely(
-                check.name, lambda c=check: hook(c, observation, self.run), observation.step
+            found = self._safely(
+                check.name, lambda c=check, o=observation: hook(c, o, self.run), observation.step
             )
+            findings += found
+            if (
+                isinstance(observation, StepMetrics)
+                and observation.teacher_healthy is None
+                and any(f.code in TEACHER_FAULTS for f in found)
+            ):
+                observation = dataclasses.replace(observation, teacher_healthy=False)
         return findings
 
     def _safely(

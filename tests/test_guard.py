@@ -511,3 +511,25 @@ def test_an_unconfirmed_open_incident_closes_after_its_horizon(make_guard):
     assert Code.STUDENT_FOLLOWS_DEAD_TEACHER not in guard.summary.count and not guard.halted, d
     kinds = [e["kind"] for e in read_events(guard.events.path)]
     assert "incident_open" in kinds and "incident_closed" in kinds
+
+
+def test_a_teacher_flagged_from_the_step_metrics_is_the_evidence_of_the_checks_after_it():
+    """Issue 28: the teacher logprob column at −ln V fires teacher.uniform; the ceiling finding
+    of the same step must not say the guard saw no teacher evidence."""
+    found: list[Finding] = []
+    guard = DistillGuard(run=RUN, on_finding=found.append, stop_on_halt=False)
+    guard.on_step_metrics(0, {**COLLAPSED, "teacher_logprob": -LN_QWEN3_V})
+    by_code = {f.code: f for f in found}
+    assert Code.TEACHER_UNIFORM in by_code and Code.LOSS_JSD_CEILING in by_code
+    ceiling = by_code[Code.LOSS_JSD_CEILING]
+    assert "saw no teacher scores" not in ceiling.message
+    assert "flagged too: it is the teacher" in ceiling.message
+    assert ceiling.values["teacher_healthy"] is False
+
+
+def test_step_metrics_without_teacher_evidence_still_say_so():
+    found: list[Finding] = []
+    guard = DistillGuard(run=RUN, on_finding=found.append, stop_on_halt=False)
+    guard.on_step_metrics(0, {k: v for k, v in COLLAPSED.items() if k != "teacher_logprob"})
+    (ceiling,) = [f for f in found if f.code == Code.LOSS_JSD_CEILING]
+    assert "saw no teacher scores" in ceiling.message and ceiling.values["teacher_healthy"] is None

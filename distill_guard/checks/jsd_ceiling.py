@@ -87,7 +87,10 @@ class JSDCeilingCheck(Check):
                 )
             ]
         if metrics.teacher_healthy is False:
-            why = "The teacher's own scores of this step are flagged too: it is the teacher."
+            why = (
+                "The teacher's own evidence of this step (its scores, or its logged logprob) is "
+                "flagged too: it is the teacher."
+            )
         else:
             why = (
                 "This is the signature of a uniform (weightless) teacher, or of a student that "
