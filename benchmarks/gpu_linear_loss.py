@@ -35,7 +35,7 @@ import torch
 from gpu_signals import measure  # the same timing and peak-memory yardstick as §2
 
 import distill_guard.linear_loss as linear_loss
-from distill_guard.linear_loss import CHUNK_ROWS, distill_loss_from_hidden
+from distill_guard.linear_loss import default_chunk_rows, distill_loss_from_hidden
 from distill_guard.losses import distill_loss
 
 V, H, BETA, TOPK = 151_936, 2048, 0.5, 64
@@ -213,7 +213,8 @@ def copy_bandwidth(rows: int) -> dict[str, float]:
 
 def run_rows(rows: int, liger: dict, chunks: list[int]) -> dict:
     x = inputs(rows)
-    res: dict = {"rows": rows, "chunk_rows": CHUNK_ROWS, "group_chunks": linear_loss._GROUP_CHUNKS}
+    chunk = default_chunk_rows(rows)
+    res: dict = {"rows": rows, "chunk_rows": chunk, "group_chunks": linear_loss._GROUP_CHUNKS}
     res["copy"] = copy_bandwidth(rows)
     copy_bw = res["copy"]["GBps"] * 1e9
     topk = teacher_topk(x)
@@ -235,10 +236,10 @@ def run_rows(rows: int, liger: dict, chunks: list[int]) -> dict:
             res[name] = {"error": f"OOM: {exc}"[:160]}
         torch.cuda.empty_cache()
         print(f"  {name}: {res[name]}", flush=True)
-    group = CHUNK_ROWS * linear_loss._GROUP_CHUNKS
-    ms, peak = measure(lambda: matmuls_chunked(x, CHUNK_ROWS, group))
+    group = chunk * linear_loss._GROUP_CHUNKS
+    ms, peak = measure(lambda: matmuls_chunked(x, chunk, group))
     res["matmuls_chunked"] = {"ms": ms, "peak_extra_MB": peak}
-    res["matmul_parts"] = matmul_parts(x, CHUNK_ROWS, group)
+    res["matmul_parts"] = matmul_parts(x, chunk, group)
     print(f"  matmul_parts {res['matmul_parts']}", flush=True)
     try:
         ms, peak = measure(lambda: matmuls_whole(x))

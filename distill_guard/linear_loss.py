@@ -45,9 +45,10 @@ from distill_guard.signals import _use_triton
 
 _HEAD_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _MAX_SPLITS = 64
-CHUNK_ROWS = 256
-"""Rows of float32 logits per chunk: a product of 256 rows does about 256 FLOP per byte of the
-head it reads, past an H200's ridge (~165), so the head's re-reads cost no time."""
+MIN_CHUNK_ROWS, MAX_CHUNK_ROWS = 128, 512
+"""Rows of float32 logits per chunk: about N/32 (what is held grows with the hidden states, as
+Liger's), within these. A product of C rows does about C FLOP per byte of the head it reads:
+from 128 rows the head's re-reads cost little time, and 512 is where the H200 stops gaining."""
 _GROUP_CHUNKS = 4
 """Chunks of gradient rows per hidden-state-gradient and head-gradient matmul."""
 _MIN_SPLIT_COLS = 4096
@@ -97,8 +98,9 @@ def distill_loss_from_hidden(
     detached here). ``float32_weight_grad`` accumulates the head's gradient in float32 (one
     ``[V, H]`` float32 buffer during the call; ``False`` accumulates in the head's dtype, as
     Liger does, with one rounding per group of chunks). ``chunk_rows`` (default
-    :data:`CHUNK_ROWS`) bounds what is held at once to two ``[chunk_rows, V]`` float32 logits
-    and ``[4 × chunk_rows, V]`` gradient rows in the head's dtype.
+    :func:`default_chunk_rows`: about N/32, in [128, 512]) bounds what is held at once to two
+    ``[chunk_rows, V]`` float32 logits and ``[4 × chunk_rows, V]`` gradient rows in the head's
+    dtype.
     ``backend`` as in :func:`~distill_guard.losses.distill_loss`. With top-K the teacher's
     signals are over its K entries: :attr:`DistillLoss.teacher_top1_logprob` is the largest
     logprob as given (−ln V for a uniform teacher), the teacher's entropy is that of the
@@ -140,7 +142,7 @@ def distill_loss_from_hidden(
     valid = _valid_positions(lead, device, mask, labels, ignore_index).reshape(-1)
     n = valid.numel()
     if chunk_rows is None:
-        chunk_rows = max(1, min(CHUNK_ROWS, n))
+        chunk_rows = default_chunk_rows(n)
     elif chunk_rows < 1:
         raise GuardValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
     plan = _Plan(
@@ -171,6 +173,13 @@ def distill_loss_from_hidden(
         scale=scale,
         vocab_size=v,
     )
+
+
+def default_chunk_rows(rows: int) -> int:
+    """The power of two nearest N/32 within [:data:`MIN_CHUNK_ROWS`, :data:`MAX_CHUNK_ROWS`],
+    and no more than the rows there are."""
+    chunk = 1 << max(0, round(math.log2(max(rows, 1) / 32)))
+    return max(1, min(max(MIN_CHUNK_ROWS, min(chunk, MAX_CHUNK_ROWS)), rows))
 
 
 def _check_head(name: str, hidden: torch.Tensor, head: torch.Tensor) -> tuple[int, int]:

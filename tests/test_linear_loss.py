@@ -19,7 +19,7 @@ import torch
 
 from distill_guard import StepGuard, distill_loss_from_hidden
 from distill_guard.errors import GuardTypeError, GuardValueError
-from distill_guard.linear_loss import _merge_sub_rows, _splits
+from distill_guard.linear_loss import _merge_sub_rows, _splits, default_chunk_rows
 from distill_guard.losses import _MODES, _torch_forward, distill_loss
 from distill_guard.observations import LossKind
 
@@ -242,8 +242,12 @@ def test_bad_teacher_arguments():
         distill_loss_from_hidden(x["h"], x["w"], x["ht"], x["wt"], temperature=0.0)
 
 
-def test_splits_fill_the_gpu_with_whole_divisors():
+def test_chunks_grow_with_the_rows_and_splits_fill_the_gpu_with_whole_divisors():
+    assert default_chunk_rows(4096) == 128 and default_chunk_rows(16384) == 512
+    assert default_chunk_rows(8192) == 256 and default_chunk_rows(10**6) == 512
+    assert default_chunk_rows(37) == 37  # never more than the rows
     assert _splits(256, 151936) == 8  # 2048 programs, sub-rows of 18992 columns
+    assert _splits(512, 151936) == 4 and _splits(128, 151936) == 16
     assert _splits(64, 151936) == 32
     assert _splits(4096, 151936) == 1
     assert _splits(64, 32001) == 1  # no divisor: whole rows

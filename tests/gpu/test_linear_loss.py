@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from distill_guard.linear_loss import _GROUP_CHUNKS, CHUNK_ROWS, distill_loss_from_hidden
+from distill_guard.linear_loss import _GROUP_CHUNKS, default_chunk_rows, distill_loss_from_hidden
 from distill_guard.losses import distill_loss
 from tests.test_linear_loss import TRITON_SCRIPT
 
@@ -103,7 +103,7 @@ def test_peak_memory_is_chunks_and_the_gradients():
     gh, gw = torch.autograd.grad(out.loss, [h, ww])
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - base
-    chunk = min(CHUNK_ROWS, n)
+    chunk = default_chunk_rows(n)
     logits = chunk * V * 2 * 4 + _GROUP_CHUNKS * chunk * V * 2  # two float32, a group of bf16
     grads = V * hd * (4 + 2) + n * hd * 2  # the float32 accumulator, its bf16 copy, grad_h
     assert peak <= 1.5 * logits + grads + 64 * 2**20, (peak, logits, grads)
