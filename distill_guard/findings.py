@@ -80,6 +80,7 @@ class Code:
     CONFIG_BACKUP_DISABLED_BY_CACHE_MODE = "config.backup_disabled_by_cache_mode"
     CONFIG_NONDETERMINISTIC = "config.nondeterministic"
     CONFIG_UNCHECKED = "config.unchecked"
+    CONFIG_VOCAB_SIZE = "config.vocab_size"
     GUARD_INTERNAL_ERROR = "guard.internal_error"
     CONSENSUS_FAILED = "guard.consensus_failed"
     ALERT_FAILED = "guard.alert_failed"

@@ -472,3 +472,19 @@ def test_a_bad_set_names_the_valid_keys_or_the_reason(run_cli, tmp_path, overrid
     code, out, err = run_cli("replay", good, "--set", override)
     assert code == 2 and out == ""
     assert expected in err
+
+
+def test_a_wrong_vocab_size_is_a_finding_naming_the_level_and_the_bound(run_cli, tmp_path):
+    """Issue 28: --vocab-size 1000 for a teacher of 151936 tokens gave no finding, no notice."""
+    path = write_jsonl(uniform_teacher_history(20), tmp_path / "u.jsonl")
+    code, out, err = run_cli("replay", path, "--vocab-size", "1000", "--json")
+    assert code == 1, err
+    result = as_json(out)
+    check_schema(result)
+    assert (
+        result["first"][Code.CONFIG_VOCAB_SIZE] == 1 and result["first"][Code.TEACHER_UNIFORM] == 3
+    )
+    (vocab,) = [f for f in result["findings"] if f["code"] == Code.CONFIG_VOCAB_SIZE]
+    assert "-11.93121 is below −ln V = -6.90776" in vocab["message"]
+    healthy = write_jsonl(healthy_history(60), tmp_path / "h.jsonl")
+    assert run_cli("replay", healthy, "--vocab-size", "1000")[0] == 0  # nothing contradicts it

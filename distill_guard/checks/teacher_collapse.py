@@ -67,6 +67,7 @@ class TeacherCollapseCheck(Check):
 
     def __post_init__(self) -> None:
         self._recent_means: deque[float] = deque(maxlen=self.flat_steps)
+        self._vocab_said = False
 
     def on_teacher_scores(self, scores: TeacherScores, run: RunSpec) -> list[Finding]:
         if not self.enabled:
@@ -92,7 +93,9 @@ class TeacherCollapseCheck(Check):
             return self._pinned(mean, metrics.step)
         target = uniform_logprob(run.vocab_size)
         if abs(mean - target) > self.mean_atol:
-            return []
+            return self._below_uniform(mean, target, metrics.step, run.vocab_size) + self._pinned(
+                mean, metrics.step, run.vocab_size
+            )
         return [
             Finding(
                 Code.TEACHER_UNIFORM,
@@ -109,8 +112,10 @@ class TeacherCollapseCheck(Check):
             )
         ]
 
-    def _pinned(self, mean: float, step: int) -> list[Finding]:
-        """V unknown: a mean pinned at −ln V for ``flat_steps`` steps betrays both."""
+    def _pinned(self, mean: float, step: int, configured: int | None = None) -> list[Finding]:
+        """A mean pinned at −ln V for ``flat_steps`` steps betrays both. V unknown: this is the
+        uniform test; V ``configured`` but the level another V's: the teacher is uniform over
+        that V and the configured one is wrong (the exact test compared with the wrong −ln V)."""
         recent = self._recent_means
         recent.append(mean)
         if len(recent) < self.flat_steps or max(recent) - min(recent) > self.mean_atol:
@@ -119,31 +124,65 @@ class TeacherCollapseCheck(Check):
         guessed = infer_uniform_vocab_size(level)
         if guessed < self.min_inferred_vocab:
             return []
+        if configured is None:
+            how = "Set vocab_size (replay: --vocab-size) to make this test exact."
+        else:
+            how = (
+                f"The configured vocab_size V = {configured} (−ln V = "
+                f"{uniform_logprob(configured):.5f}) does not fit it: check run.vocab_size "
+                "(replay: --vocab-size) against the teacher's config.json."
+            )
+        values: dict[str, Any] = {
+            "teacher_logprob_mean": mean,
+            "flat_level": level,
+            "inferred_vocab_size": guessed,
+            "flat_steps": self.flat_steps,
+        }
+        if configured is not None:
+            values["vocab_size"] = configured
         return [
             Finding(
                 Code.TEACHER_UNIFORM,
                 Severity.CRITICAL,
                 f"Mean teacher logprob has sat at {level:.5f} = −ln {guessed} for "
                 f"{self.flat_steps} steps (spread ≤ {self.mean_atol:g}): a uniform teacher over "
-                f"a vocabulary of about {guessed}. Set vocab_size (replay: --vocab-size) to make "
-                f"this test exact. {FIX}",
+                f"a vocabulary of about {guessed}. {how} {FIX}",
                 step,
-                {
-                    "teacher_logprob_mean": mean,
-                    "flat_level": level,
-                    "inferred_vocab_size": guessed,
-                    "flat_steps": self.flat_steps,
-                },
+                values,
+            )
+        ]
+
+    def _below_uniform(self, mean: float, target: float, step: int, vocab: int) -> list[Finding]:
+        """A mean teacher logprob below −ln V: a teacher over V tokens does not score the
+        student's typical token below uniform unless the student has left it, so V is likely
+        wrong (too small), and the uniform test then compares with the wrong −ln V. Said once
+        a run; a healthy run with the right V never sees it."""
+        if self._vocab_said or mean >= target - self.mean_atol:
+            return []
+        self._vocab_said = True
+        return [
+            Finding(
+                Code.CONFIG_VOCAB_SIZE,
+                Severity.WARN,
+                f"Mean teacher logprob {mean:.5f} is below −ln V = {target:.5f} (the configured "
+                f"vocab_size V = {vocab}): a teacher over {vocab} tokens cannot put the tokens it "
+                "is asked about below uniform on average unless the student has left it. Most "
+                f"likely V is wrong (this level is −ln {infer_uniform_vocab_size(mean)}), and the "
+                "uniform-teacher test compares with the wrong −ln V: check run.vocab_size "
+                "(replay: --vocab-size) against the teacher's config.json.",
+                step,
+                {"teacher_logprob_mean": mean, "uniform_logprob": target, "vocab_size": vocab},
             )
         ]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"recent_means": list(self._recent_means)}
+        return {"recent_means": list(self._recent_means), "vocab_said": self._vocab_said}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._recent_means = deque(
             (float(x) for x in state.get("recent_means", [])), maxlen=self.flat_steps
         )
+        self._vocab_said = bool(state.get("vocab_said", False))
 
     def _summaries(self, views: list[_View], run: RunSpec) -> list[_Summary]:
         """Every view's statistics in one host transfer, read on the raw values: the step's only

@@ -348,3 +348,45 @@ def test_a_healthy_step_reads_the_host_once_for_both_views(run, samples):
         found = TeacherCollapseCheck().on_teacher_scores(teacher, run)
     assert found == []
     assert len(reads) <= 1, reads
+
+
+def _metric_findings(check: TeacherCollapseCheck, run: RunSpec, means: list[float]) -> list:
+    out = []
+    for step, mean in enumerate(means):
+        out += check.on_step_metrics(StepMetrics(step, {"teacher_logprob": mean}), run)
+    return out
+
+
+def test_a_uniform_teacher_with_a_wrong_vocab_size_is_still_caught_and_the_size_named():
+    """Issue 28: run.vocab_size 1000 for a teacher of 151936 tokens blinded the exact test: a
+    mean pinned at −ln 151936 and below −ln 1000 (impossible if V were right) said nothing."""
+    wrong = RunSpec(vocab_size=1000)
+    found = _metric_findings(TeacherCollapseCheck(), wrong, [-0.35] + [UNIFORM] * 5)
+    vocab = [f for f in found if f.code == Code.CONFIG_VOCAB_SIZE]
+    assert len(vocab) == 1 and vocab[0].step == 1 and vocab[0].severity is Severity.WARN
+    assert "-11.93121 is below −ln V = -6.90776" in vocab[0].message
+    assert "V = 1000" in vocab[0].message
+    uniform = [f for f in found if f.code == Code.TEACHER_UNIFORM]
+    assert uniform and uniform[0].step == 3 and uniform[0].severity is Severity.CRITICAL
+    assert uniform[0].values["inferred_vocab_size"] == QWEN3_V
+    assert "configured vocab_size V = 1000" in uniform[0].message
+
+
+def test_too_large_a_vocab_size_still_catches_a_pinned_uniform_teacher():
+    found = _metric_findings(TeacherCollapseCheck(), RunSpec(vocab_size=10**6), [UNIFORM] * 4)
+    assert codes(found) == [Code.TEACHER_UNIFORM, Code.TEACHER_UNIFORM]
+
+
+@pytest.mark.parametrize("vocab", [1000, QWEN3_V])
+def test_a_healthy_teacher_column_says_nothing_of_the_vocab_size(vocab):
+    means = [-0.35 + 0.02 * math.sin(i) for i in range(200)]
+    assert _metric_findings(TeacherCollapseCheck(), RunSpec(vocab_size=vocab), means) == []
+
+
+def test_the_vocab_size_warning_is_said_once_even_across_a_resume():
+    check = TeacherCollapseCheck()
+    wrong = RunSpec(vocab_size=1000)
+    assert codes(_metric_findings(check, wrong, [-8.0])) == [Code.CONFIG_VOCAB_SIZE]
+    resumed = TeacherCollapseCheck()
+    resumed.load_state_dict(check.state_dict())
+    assert _metric_findings(resumed, wrong, [-8.0 - 0.1 * i for i in range(5)]) == []
