@@ -81,6 +81,7 @@ class Code:
     CONFIG_NONDETERMINISTIC = "config.nondeterministic"
     CONFIG_UNCHECKED = "config.unchecked"
     CONFIG_VOCAB_SIZE = "config.vocab_size"
+    CONFIG_UNKNOWN_FLAG = "config.unknown_flag"
     GUARD_INTERNAL_ERROR = "guard.internal_error"
     CONSENSUS_FAILED = "guard.consensus_failed"
     ALERT_FAILED = "guard.alert_failed"

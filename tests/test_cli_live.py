@@ -242,3 +242,11 @@ def test_preflight_of_a_server_whose_version_names_no_release_says_so(
     out = capsys.readouterr()
     assert "Traceback" not in out.err
     assert "[WARN    ] config.unchecked" in out.out and repr(version) in out.out, out.out
+
+
+def test_preflight_of_a_misspelt_memory_saver_flag_exits_1_naming_it(capsys) -> None:
+    """Issue 28: a misspelt --enable-memory-saverr reported "no critical problem"."""
+    cmd = "python -m sglang.launch_server --model-path m --enable-memory-saverr"
+    assert main(["preflight", "--args", cmd]) == 1
+    out = capsys.readouterr().out
+    assert "problems found" in out and "did you mean --enable-memory-saver?" in out

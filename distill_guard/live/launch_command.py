@@ -32,6 +32,52 @@ _RELAX_MARKERS = frozenset(
 )
 
 
+PREFLIGHT_FLAGS = frozenset(
+    {
+        "enable_memory_saver",
+        "enable_weights_cpu_backup",
+        "weight_cache_mode",
+        "enable_deterministic_inference",
+        "rl_on_policy_target",
+    }
+)
+"""The SGLang flags preflight's verdict reads (``docs/sglang-contract.md`` §2.4, §2.5)."""
+
+SGLANG_FLAGS = PREFLIGHT_FLAGS | frozenset(
+    {  # the SGLang launch_server flags this package's docs, tests and examples use
+        "model_path", "model", "tokenizer_path", "tokenizer_mode", "trust_remote_code", "dtype",
+        "kv_cache_dtype", "quantization", "context_length", "device", "served_model_name",
+        "host", "port", "api_key", "admin_api_key", "mem_fraction_static",
+        "max_running_requests", "max_total_tokens", "chunked_prefill_size", "tp_size",
+        "dp_size", "pp_size", "ep_size", "random_seed", "log_level", "dist_init_addr",
+        "nnodes", "node_rank", "attention_backend", "sampling_backend", "disable_radix_cache",
+        "disable_cuda_graph", "disable_cuda_graph_padding", "enable_torch_compile",
+        "enable_mixed_chunk", "enable_dp_attention", "allow_auto_truncate", "cuda_graph_max_bs",
+        "skip_server_warmup", "skip_tokenizer_init", "load_format", "base_gpu_id",
+        "enable_metrics", "watchdog_timeout", "enable_return_hidden_states",
+        "disable_overlap_schedule", "page_size", "revision", "download_dir", "chat_template",
+    }
+)  # fmt: skip
+"""SGLang flags preflight knows by name: an unknown flag one or two letters from one of these
+is reported as a likely misspelling (:func:`misspelt_flags`)."""
+
+
+def misspelt_flags(flags: dict[str, Any], known: frozenset[str] = SGLANG_FLAGS) -> dict[str, str]:
+    """``{given: meant}`` for each flag (``parse_flags`` keys) that is not in ``known`` but
+    close to one that is (difflib ratio ≥ 0.88: a letter or two added, dropped or swapped).
+    SGLang refuses an unknown flag at launch, and preflight reads the command without it."""
+    import difflib
+
+    out: dict[str, str] = {}
+    for name in flags:
+        if name in known:
+            continue
+        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.88)
+        if close:
+            out[name] = close[0]
+    return out
+
+
 def _is_bool(name: str) -> bool:
     bare = name.removeprefix("teacher_")
     return bare in _BOOL_NAMES or bare.startswith(_BOOL_PREFIXES)

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 from distill_guard.findings import Code, Finding, Severity
 from distill_guard.live.launch_command import (
+    PREFLIGHT_FLAGS,
+    misspelt_flags,
     parse_flags,
     parse_launch_command,
     truthy,
@@ -54,8 +56,56 @@ def preflight_server_args(
     version or launch command only). Raises ``ValueError`` for a temperature that is not a
     finite number > 0."""
     teacher_temperature = check_teacher_temperature(teacher_temperature)
-    findings = _server_args_findings(args, step)
+    findings = _misspelt_findings(args, step) + _server_args_findings(args, step)
     findings += preflight_teacher_temperature(teacher_temperature, args, step=step)
+    return findings
+
+
+_WAKE_FLAGS = PREFLIGHT_FLAGS & {
+    "enable_memory_saver",
+    "enable_weights_cpu_backup",
+    "weight_cache_mode",
+}
+"""The flags of preflight's verdict on the weights at wake (its critical findings)."""
+
+
+def _misspelt_findings(args: Mapping[str, Any], step: int | None) -> list[Finding]:
+    """A launch command's flags (``args["flags"]``) that look like misspellings of SGLang
+    flags: critical for one the wake verdict reads (memory saver, weights backup, cache mode:
+    the command would fail to launch, and the verdict was formed without it), warn for
+    another. Relax's ``--teacher-sglang-*`` and
+    ``--sglang-*`` flags are SGLang's under a prefix."""
+    flags = args.get("flags")
+    if not isinstance(flags, Mapping):
+        return []
+    relax = args.get("launcher") == "relax"
+    named: dict[str, str] = {}  # SGLang name -> the flag as written
+    for key in flags:
+        for prefix in ("teacher_sglang_", "sglang_") if relax else ("",):
+            if key.startswith(prefix):
+                named[key.removeprefix(prefix)] = key
+                break
+    findings = []
+    for bare, meant in misspelt_flags(dict.fromkeys(named)).items():
+        written = named[bare]
+        prefix = written[: len(written) - len(bare)]
+        given, fix = (f"--{(prefix + n).replace('_', '-')}" for n in (bare, meant))
+        verdict = meant in _WAKE_FLAGS
+        findings.append(
+            Finding(
+                Code.CONFIG_UNKNOWN_FLAG,
+                Severity.CRITICAL if verdict else Severity.WARN,
+                f"{given} is not an SGLang flag preflight knows; did you mean {fix}? SGLang refuses an unknown "
+                "flag at launch, and preflight read this command without it"
+                + (
+                    f": its verdict on {fix} does not hold until the spelling is fixed."
+                    if verdict
+                    else "."
+                ),
+                step,
+                {"flag": given, "close_match": fix, "launcher": args.get("launcher")},
+            )
+        )
     return findings
 
 

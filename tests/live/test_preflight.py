@@ -133,3 +133,35 @@ def test_preflight_of_a_live_teacher(tmp_path) -> None:
         d, enable_cpu_backup=True, enable_deterministic_inference=True
     )
     assert preflight_teacher(ok) == []
+
+
+SGLANG = "python -m sglang.launch_server --model-path /ckpt/m --enable-weights-cpu-backup"
+
+
+@pytest.mark.parametrize(
+    ("flag", "meant", "severity"),
+    [("--enable-memory-saverr", "--enable-memory-saver", Severity.CRITICAL),
+     ("--enable-weights-cpu-bakcup", "--enable-weights-cpu-backup", Severity.CRITICAL),
+     ("--mem-fraction-statc=0.5", "--mem-fraction-static", Severity.WARN)],
+)  # fmt: skip
+def test_a_misspelt_sglang_flag_is_reported_with_the_flag_it_looks_like(flag, meant, severity):
+    """Issue 28: --enable-memory-saverr was read as no memory saver: "no critical problem"."""
+    got = [f for f in preflight_server_args(parse_launch_command(f"{SGLANG} {flag}"))]
+    (f,) = [f for f in got if f.code == Code.CONFIG_UNKNOWN_FLAG]
+    assert f.severity is severity and f"did you mean {meant}?" in f.message
+    assert f.values["flag"] == flag.partition("=")[0]
+
+
+def test_a_misspelt_relax_teacher_flag_keeps_its_prefix():
+    args = parse_launch_command(RELAX + " --teacher-sglang-enable-weights-cpu-bakup")
+    (f,) = [f for f in preflight_server_args(args) if f.code == Code.CONFIG_UNKNOWN_FLAG]
+    assert "did you mean --teacher-sglang-enable-weights-cpu-backup?" in f.message
+
+
+def test_known_and_far_off_flags_are_not_misspellings():
+    cmd = (
+        f"{SGLANG} --enable-memory-saver --tp-size 2 --dp-size 1 --port 30000 "
+        "--disable-cuda-graph --disable-cuda-graph-padding --some-new-flag-of-a-later-release 1"
+    )
+    assert Code.CONFIG_UNKNOWN_FLAG not in codes(preflight_server_args(parse_launch_command(cmd)))
+    assert Code.CONFIG_UNKNOWN_FLAG not in codes(preflight_server_args(parse_launch_command(RELAX)))
