@@ -22,8 +22,8 @@ from distill_guard.errors import GuardTypeError, GuardValueError
 from distill_guard.guard import DistillGuard
 from distill_guard.observations import RunSpec
 from distill_guard.policy import Policy
+from distill_guard.presets import PRESETS
 
-PRESETS = ("default", "monitor_only", "strict")
 CONF_DIR = "pkg://distill_guard.conf"
 """Hydra search path entry that finds the presets wherever the package is installed."""
 

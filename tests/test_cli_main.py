@@ -42,6 +42,28 @@ def test_version(capsys) -> None:
     assert capsys.readouterr().out.strip() == f"distill-guard {distill_guard.__version__}"
 
 
+_HEAVY_AFTER = r"""
+import json, sys
+from distill_guard.cli import main
+for argv in ARGVS:
+    try:
+        main(argv)
+    except SystemExit:
+        pass
+print(json.dumps([m for m in ("torch", "hydra", "omegaconf", "httpx") if m in sys.modules]))
+"""
+
+
+def test_version_and_help_import_neither_torch_nor_hydra() -> None:
+    """Issue 28: ``distill-guard --version`` took 3.6 s, all of it importing torch and Hydra
+    (``import distill_guard`` imported the guard). Now 0.13 s on the machine that took 3.2."""
+    argvs = [["--version"], ["--help"], ["replay", "--help"], ["probe", "--help"]]
+    code = f"ARGVS = {argvs!r}\n{_HEAVY_AFTER}"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.splitlines()[-1]) == []
+
+
 @pytest.mark.parametrize(
     ("argv", "verbose"),
     [(["replay", "x.jsonl"], False), (["-v", "replay", "x.jsonl"], True),

@@ -82,7 +82,7 @@ def _command(
 
 def _guard_config_args(p: argparse.ArgumentParser, set_example: str) -> None:
     """``--preset`` and the repeatable ``--set KEY=VALUE`` (a Hydra override on the guard config)."""
-    from distill_guard.config import PRESETS
+    from distill_guard.presets import PRESETS
 
     p.add_argument("--preset", default="default", help=f"guard preset: {', '.join(PRESETS)}")
     p.add_argument(

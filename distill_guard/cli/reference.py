@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from distill_guard.cli.base import UsageError, _command, _guard_config_args
-from distill_guard.config import PRESETS
+from distill_guard.presets import PRESETS
 
 DTYPES = ("float32", "bfloat16", "float16")
 

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 from distill_guard.cli.base import UsageError, _command, _guard_config_args, _key_value
-from distill_guard.config import PRESETS
 from distill_guard.extras import require
+from distill_guard.presets import PRESETS
 
 
 def add_replay(sub: argparse._SubParsersAction) -> None:
