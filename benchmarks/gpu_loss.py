@@ -192,31 +192,30 @@ def sweep(rows: int) -> dict:
     weight = torch.full((rows,), 1.0 / rows, device=dev)
     grad = torch.empty_like(s)
     out = {}
-    for block in (1024, 2048, 4096, 8192):
-        for warps in (4, 8, 16):
-            kw = {"block": block, "num_warps": warps}
-            a, _ = measure(lambda kw=kw: tk.triton_loss_stats(s, t, None, 1.0, 0, **kw), 3, 1)
-            b, _ = measure(
-                lambda kw=kw: tk.triton_jsd_given_lse(
-                    s, t, stats[tk.STAT_LSE_S], stats[tk.STAT_LSE_T], BETA, **kw
-                ),
-                3,
-                1,
-            )
-            c, _ = measure(
-                lambda kw=kw: tk.triton_loss_grad(s, t, stats, weight, BETA, 1.0, 0, grad, **kw),
-                3,
-                1,
-            )
-            out[f"{block}x{warps}"] = {
-                "stats_GBps": 2 * nbytes / (a / 1e3) / 1e9,
-                "jsd_given_lse_GBps": 2 * nbytes / (b / 1e3) / 1e9,
-                "grad_GBps": 3 * nbytes / (c / 1e3) / 1e9,  # two reads, one write
-            }
-            print(
-                f"sweep {block:5d}x{warps:<2d} "
-                + "  ".join(f"{k} {v:6.0f}" for k, v in out[f"{block}x{warps}"].items())
-            )
+    for block, warps, stages in [
+        (b, w, st) for b in (1024, 2048, 4096) for w in (4, 8) for st in (1, 2, 3, 4)
+    ]:
+        kw = {"block": block, "num_warps": warps, "stages": stages}
+        a, _ = measure(lambda kw=kw: tk.triton_loss_stats(s, t, None, 1.0, 0, **kw), 3, 1)
+        b, _ = measure(
+            lambda kw=kw: tk.triton_jsd_given_lse(
+                s, t, stats[tk.STAT_LSE_S], stats[tk.STAT_LSE_T], BETA, **kw
+            ),
+            3,
+            1,
+        )
+        c, _ = measure(
+            lambda kw=kw: tk.triton_loss_grad(s, t, stats, weight, BETA, 1.0, 0, grad, **kw),
+            3,
+            1,
+        )
+        key = f"{block}x{warps}s{stages}"
+        out[key] = {
+            "stats_GBps": 2 * nbytes / (a / 1e3) / 1e9,
+            "jsd_given_lse_GBps": 2 * nbytes / (b / 1e3) / 1e9,
+            "grad_GBps": 3 * nbytes / (c / 1e3) / 1e9,  # two reads, one write
+        }
+        print(f"sweep {key:12s} " + "  ".join(f"{k} {v:6.0f}" for k, v in out[key].items()))
     return out
 
 

@@ -12,8 +12,10 @@ MODE_JSD, MODE_FORWARD_KL, MODE_REVERSE_KL = 0, 1, 2
 STATS_ROWS = 7
 """Rows of the ``[7, N]`` float32 statistics: see the ``STAT_*`` indices."""
 STAT_LSE_S, STAT_LSE_T, STAT_H_S, STAT_H_T, STAT_TOP1_T, STAT_LOSS, STAT_AUX = range(7)
-STATS_BLOCK, STATS_NUM_WARPS = 2048, 4
-PASS_BLOCK, PASS_NUM_WARPS = 2048, 8
+STATS_BLOCK, STATS_NUM_WARPS, STATS_STAGES = 2048, 4, 1
+PASS_BLOCK, PASS_NUM_WARPS, PASS_STAGES = 2048, 8, 1
+"""Block, warps and software-pipelining stages of each kernel's loop (benchmarks/gpu_loss.py
+--sweep on an H200: benchmarks/RESULTS.md)."""
 
 
 @triton.jit
@@ -58,6 +60,7 @@ def _loss_stats_kernel(
     HAS_VALID: tl.constexpr,
     MODE: tl.constexpr,
     BLOCK: tl.constexpr,
+    STAGES: tl.constexpr = 1,
 ):
     row, n_eff = _row_and_width(valid_ptr, n_cols, HAS_VALID)  # masked rows read nothing
     s_base = s_ptr + row * stride_s
@@ -66,7 +69,7 @@ def _loss_stats_kernel(
     ws = 0.0  # Σ e^(x - ms)·x, rescaled like ss
     wt = 0.0
     wc = 0.0  # the cross term of a KL end: Σ p_t·x (forward) or Σ p_s·y (reverse), unnormalised
-    for start in range(0, n_eff, BLOCK):
+    for start in tl.range(0, n_eff, BLOCK, num_stages=STAGES):
         cols = start + tl.arange(0, BLOCK)
         mask = cols < n_cols
         x = tl.load(s_base + cols, mask=mask, other=float("-inf")).to(tl.float32) * inv_temp
@@ -113,6 +116,7 @@ def _jsd_given_lse_kernel(
     HAS_VALID: tl.constexpr,
     FAST_LOG: tl.constexpr,
     BLOCK: tl.constexpr,
+    STAGES: tl.constexpr = 1,
 ):
     row, n_eff = _row_and_width(valid_ptr, n_cols, HAS_VALID)
     s_base = s_ptr + row * stride_s
@@ -123,7 +127,7 @@ def _jsd_given_lse_kernel(
     lse_t = tl.load(lse_t_ptr + row) * 1.4426950408889634
     acc_s = tl.zeros([BLOCK], tl.float32)
     acc_t = tl.zeros([BLOCK], tl.float32)
-    for start in range(0, n_eff, BLOCK):
+    for start in tl.range(0, n_eff, BLOCK, num_stages=STAGES):
         cols, mask, ls, lt = _block_log2_probs(
             s_base, t_base, start, n_cols, c, lse_s, lse_t, BLOCK
         )
@@ -156,6 +160,7 @@ def _loss_grad_kernel(
     MODE: tl.constexpr,
     FAST_LOG: tl.constexpr,
     BLOCK: tl.constexpr,
+    STAGES: tl.constexpr = 1,
 ):
     row = tl.program_id(0).to(tl.int64)
     s_base = s_ptr + row * stride_s
@@ -167,7 +172,7 @@ def _loss_grad_kernel(
     lse_s = tl.load(lse_s_ptr + row) * 1.4426950408889634  # log2 units, as in the JSD pass
     lse_t = tl.load(lse_t_ptr + row) * 1.4426950408889634
     aux = tl.load(aux_ptr + row)
-    for start in range(0, n_eff, BLOCK):
+    for start in tl.range(0, n_eff, BLOCK, num_stages=STAGES):
         cols, mask, ls, lt = _block_log2_probs(
             s_base, t_base, start, n_cols, c, lse_s, lse_t, BLOCK
         )
@@ -200,6 +205,7 @@ def triton_loss_stats(
     *,
     block: int = STATS_BLOCK,
     num_warps: int = STATS_NUM_WARPS,
+    stages: int = STATS_STAGES,
 ) -> torch.Tensor:
     """``[7, N]`` float32 statistics of ``[N, V]`` rows at temperature 1/inv_temp, one read
     each (rows where ``valid`` is False are not read; their entries are meaningless)."""
@@ -216,7 +222,7 @@ def triton_loss_stats(
             s_ptr=s, t_ptr=t, valid_ptr=v, stats_ptr=stats,
             n_rows=n, n_cols=s.shape[1], stride_s=s.stride(0), stride_t=t.stride(0),
             inv_temp=inv_temp,
-            HAS_VALID=has_valid, MODE=mode, BLOCK=block, num_warps=num_warps,
+            HAS_VALID=has_valid, MODE=mode, BLOCK=block, STAGES=stages, num_warps=num_warps,
         )  # fmt: skip
     return stats
 
@@ -234,6 +240,7 @@ def triton_jsd_given_lse(
     aux: torch.Tensor | None = None,
     block: int = PASS_BLOCK,
     num_warps: int = PASS_NUM_WARPS,
+    stages: int = PASS_STAGES,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(JSD, KL(student‖m)) per row in one read of each input, given the log-normalisers of
     ``logits * inv_temp``; 0 < β < 1 (teacher weight)."""
@@ -258,7 +265,8 @@ def triton_jsd_given_lse(
             out_ptr=out, aux_ptr=aux,
             n_cols=s.shape[1], stride_s=s.stride(0), stride_t=t.stride(0),
             inv_temp=inv_temp, beta=beta,
-            HAS_VALID=has_valid, FAST_LOG=_fast_log(s), BLOCK=block, num_warps=num_warps,
+            HAS_VALID=has_valid, FAST_LOG=_fast_log(s), BLOCK=block, STAGES=stages,
+            num_warps=num_warps,
         )  # fmt: skip
     return out, aux
 
@@ -275,6 +283,7 @@ def triton_loss_grad(
     *,
     block: int = PASS_BLOCK,
     num_warps: int = PASS_NUM_WARPS,
+    stages: int = PASS_STAGES,
 ) -> torch.Tensor:
     """The loss's gradient w.r.t. the student's ``[N, V]`` rows into ``out`` (which may be the
     student rows themselves): ``weight[r]`` times ∂loss_r/∂(logits·inv_temp), for the JSD
@@ -292,6 +301,6 @@ def triton_loss_grad(
             w_ptr=weight.float().contiguous(),
             n_cols=s.shape[1], stride_s=s.stride(0), stride_t=t.stride(0), stride_g=out.stride(0),
             inv_temp=inv_temp, beta=beta,
-            MODE=mode, FAST_LOG=_fast_log(s), BLOCK=block, num_warps=num_warps,
+            MODE=mode, FAST_LOG=_fast_log(s), BLOCK=block, STAGES=stages, num_warps=num_warps,
         )  # fmt: skip
     return out
