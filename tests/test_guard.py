@@ -176,7 +176,9 @@ def test_wake_and_sleep_without_a_teacher_only_run_the_hosts_calls(make_guard):
 def test_on_finding_sees_every_finding_including_info(make_guard):
     seen: list[Finding] = []
     guard = make_guard(
-        [TruncationCheck(window=1), JSDCeilingCheck()], run=RUN, on_finding=seen.append
+        [TruncationCheck(window=1, min_rise_abs=0.0), JSDCeilingCheck()],
+        run=RUN,
+        on_finding=seen.append,
     )
     guard.on_step_metrics(0, {"loss": 0.688, "truncated_ratio": 0.9})
     guard.on_step_metrics(1, {"loss": 0.01})
@@ -271,7 +273,7 @@ def test_alerts_name_the_code_and_the_level_follows_the_action(tmp_path):
             calls.append(kwargs)
 
     guard = DistillGuard(
-        [TruncationCheck(window=1), JSDCeilingCheck()],
+        [TruncationCheck(window=1, min_rise_abs=0.0), JSDCeilingCheck()],
         run=RUN,
         alerter=Alerter(run=Run(), log_alerts=False, min_interval_s=0),
     )

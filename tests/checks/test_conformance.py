@@ -84,7 +84,7 @@ PROVOCATIONS: dict[type, Provocation] = {
     EntropyDriftCheck: _entropy_stream,
     TruncationCheck: lambda: (
         RunSpec(),
-        [StepMetrics(i, {"truncated_ratio": 0.97}) for i in range(6)],
+        [StepMetrics(i, {"truncated_ratio": 0.03 if i < 5 else 0.97}) for i in range(11)],
     ),
     LossShiftCheck: lambda: (
         RunSpec(loss=LossKind.FORWARD_KL),

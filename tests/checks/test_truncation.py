@@ -39,7 +39,8 @@ def test_a_burst_of_one_or_two_long_batches_is_not_a_trend(burst):
 
 def test_the_limit_is_inclusive():
     check = TruncationCheck(max_ratio=0.5, window=1)
-    assert feed(check, [0.5])[0] and not feed(check, [0.49])[0]
+    feed(check, [0.0])  # the student's own level at the start
+    assert feed(check, [0.5], start=1)[0] and not feed(check, [0.49], start=2)[0]
 
 
 def test_healthy_truncation_never_warns():
@@ -47,16 +48,38 @@ def test_healthy_truncation_never_warns():
 
 
 def test_nonfinite_ratio_is_skipped():
-    out = feed(TruncationCheck(window=3), [0.9, math.nan, 0.9, 0.9])
-    assert [bool(f) for f in out] == [False, False, False, True]
+    out = feed(TruncationCheck(window=3), [0.02] * 3 + [0.9, math.nan, 0.9, 0.9])
+    assert [bool(f) for f in out] == [False] * 5 + [True, True]
 
 
 def test_state_round_trip_keeps_the_window():
     a = TruncationCheck(window=3)
-    feed(a, [0.9, 0.9])
+    feed(a, [0.02] * 3 + [0.9, 0.9])
     b = TruncationCheck(window=3)
     b.load_state_dict(a.state_dict())
-    assert feed(b, [0.9], start=2)[0]
+    assert feed(b, [0.9], start=5)[0]
+    assert b.state_dict()["start"]["median"] == pytest.approx(0.02)  # the start came along
+
+
+def test_completions_clipped_from_step_0_are_not_a_lost_eos():
+    """Issue 28: a toy TRL run clipped every completion from step 0 and was told at step 4
+    that the student was losing its EOS: a level present from the start is not a trend."""
+    assert not any(feed(TruncationCheck(), [1.0] * 200))
+    assert not any(feed(TruncationCheck(), [0.95 + 0.05 * (i % 2) for i in range(200)]))
+
+
+def test_the_eos_lost_mid_run_warns_against_the_students_own_start():
+    out = feed(TruncationCheck(), [0.05] * 30 + [0.9] * 10)
+    first = next(i for i, f in enumerate(out) if f)
+    assert first == 32
+    f = out[first][0]
+    assert f.code == Code.STUDENT_TRUNCATION and f.severity is Severity.WARN
+    assert f.values["start_median"] == pytest.approx(0.05) and "up from 5%" in f.message
+
+
+def test_a_high_start_that_climbs_further_warns_and_one_that_holds_does_not():
+    assert any(feed(TruncationCheck(), [0.6] * 30 + [1.0] * 10))
+    assert not any(feed(TruncationCheck(), [0.6] * 30 + [0.65] * 10))
 
 
 # ---------------------------------------------------------------- follow-ups of an open incident
