@@ -44,7 +44,13 @@ def guard_trainer(
     if isinstance(teacher, torch.nn.Module):
         watch_trainer_teacher(trainer, cb, teacher)
     else:
-        log.info("distill_guard: no teacher module on the trainer; only logged metrics are judged")
+        log.warning(
+            "distill_guard: guard_trainer found no teacher module (trainer.%s is %s): the "
+            "teacher's scores are not watched and only the logged metrics are judged; pass "
+            "teacher=MODULE to watch it",
+            teacher_attr,
+            type(teacher).__name__,
+        )
     return cb
 
 

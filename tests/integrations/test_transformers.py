@@ -280,3 +280,21 @@ def test_the_callback_alone_logs_guard_metrics_to_log_history_and_says_where_the
     assert all(h["guard/verdict"] == 0.0 and h["guard/findings"] == 0.0 for h in history)
     told = [r for r in caplog.records if "guard/* metrics reach state.log_history" in r.message]
     assert len(told) == 1 and told[0].levelno == logging.INFO
+
+
+def test_guard_trainer_without_a_teacher_module_warns(caplog):
+    """Issue 28: a guard that can watch no teacher said so at INFO level only (unseen by
+    default); it is a WARNING naming the attribute it looked at and the way to fix it."""
+    trainer = TinyGKDTrainer(
+        model=student_of(tiny_qwen3()),
+        args=transformers.TrainingArguments(output_dir="unused", report_to="none", use_cpu=True),
+        train_dataset=token_rows(4),
+        teacher_model=tiny_qwen3(),
+    )
+    trainer.teacher_model = None
+    with caplog.at_level(logging.WARNING, logger="distill_guard"):
+        guard_trainer(trainer, "default", overrides=["alerts.use_wandb=false"])
+    (record,) = [r for r in caplog.records if "no teacher module" in r.getMessage()]
+    assert record.levelno == logging.WARNING
+    assert "trainer.teacher_model is NoneType" in record.getMessage()
+    assert "teacher=MODULE" in record.getMessage()
