@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import socket
 import subprocess
@@ -250,3 +251,38 @@ def test_preflight_of_a_misspelt_memory_saver_flag_exits_1_naming_it(capsys) -> 
     assert main(["preflight", "--args", cmd]) == 1
     out = capsys.readouterr().out
     assert "problems found" in out and "did you mean --enable-memory-saver?" in out
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("json_output", [False, True])
+def test_probe_progress_goes_to_a_terminal_only_and_never_under_json(
+    tiny_dir, capsys, monkeypatch, json_output
+) -> None:
+    """Issue 28: probe printed nothing until it ended, and did not say that a failed cycle
+    ended the loop; progress goes to stderr only when it is a terminal and --json is off."""
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    argv = ["--cycles", "3"] + (["--json"] if json_output else [])
+    with reference_teacher(tiny_dir) as (url, _):
+        assert main(["probe", "--url", url, *argv]) == 1
+    out = capsys.readouterr().out
+    stopped = "stopped after cycle 1 of 3: it lost its weights (repaired and verified)"
+    # the in-process reference server's own weight loading writes there too: not ours
+    lines = [line for line in terminal.getvalue().splitlines() if line.startswith("probe:")]
+    if json_output:
+        assert lines == [] and json.loads(out)["stopped"] == stopped
+    else:
+        assert lines[0].startswith(f"probe: preflight and canary of {url}, then 3 cycle(s)")
+        assert lines[1].startswith("probe: cycle 1 of 3: teacher.fingerprint_mismatch")
+        assert lines[2] == f"probe: {stopped}"
+        assert "Stopped after cycle 1 of 3: it lost its weights (repaired and verified)." in out
+
+
+def test_probe_to_a_pipe_writes_no_progress(tiny_dir, capsys) -> None:
+    with reference_teacher(tiny_dir, enable_cpu_backup=True) as (url, _):
+        assert main(["probe", "--url", url, "--cycles", "1"]) == 0
+    assert "probe: cycle" not in capsys.readouterr().err

@@ -14,6 +14,7 @@ from distill_guard.findings import Finding, Severity
 
 if TYPE_CHECKING:
     from distill_guard.live.canary import Canary
+    from distill_guard.live.probe import CycleReport
     from distill_guard.teachers.sglang_http import SGLangHTTPTeacher
 
 SGLANG_MODULES = ("sglang.launch_server", "sglang_router.launch_server")
@@ -178,8 +179,9 @@ def cmd_probe(args: argparse.Namespace) -> int:
     the weights is repaired (reload, flush, verify) before exiting. With --conformance,
     every assumption the guard makes of the server instead, as a table; the teacher must be
     awake when probed and nothing else may release or pause it meanwhile."""
+    from distill_guard.cli.progress import Progress
     from distill_guard.live.canary import Canary
-    from distill_guard.live.probe import format_report, run_probe
+    from distill_guard.live.probe import cycle_result, format_report, run_probe
 
     for name, low in (("cycles", 0), ("top_k", 0), ("canary_length", 2)):
         if getattr(args, name) < low:
@@ -195,10 +197,26 @@ def cmd_probe(args: argparse.Namespace) -> int:
         raise UsageError("--teacher-temperature is read only with --conformance")
     # a SIGTERM ends the probe like Ctrl-C: the probe puts the teacher back before exiting
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    progress = Progress.for_command(args.json)
+    progress.say(f"probe: preflight and canary of {args.url}, then {args.cycles} cycle(s)")
+
+    def on_cycle(c: CycleReport) -> None:
+        progress.say(
+            f"probe: cycle {c.cycle} of {args.cycles}: {cycle_result(c)} "
+            f"(sleep+wake {c.sleep_wake_s:.2f} s, canary {c.canary_s:.2f} s)"
+        )
+
     with _connect(args) as teacher:
         report = run_probe(
-            teacher, args.cycles, args.tags or None, canary, repair=not args.no_repair
+            teacher,
+            args.cycles,
+            args.tags or None,
+            canary,
+            repair=not args.no_repair,
+            on_cycle=on_cycle,
         )
+    if report.stopped:
+        progress.say(f"probe: {report.stopped}")
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
         return report.exit_code

@@ -74,6 +74,9 @@ class ProbeReport:
     cycles: list[CycleReport] = field(default_factory=list)
     interrupted: str | None = None
     """Set when the probe was interrupted: the state it left the teacher in."""
+    stopped: str | None = None
+    """Set when the probe cycled fewer times than asked: ``"stopped after cycle 1 of 3: it lost
+    its weights (repaired and verified)"``, or before cycle 1 for a teacher already broken."""
 
     @property
     def exit_code(self) -> int:
@@ -86,6 +89,7 @@ class ProbeReport:
             "repaired": self.repaired,
             "findings": [f.to_dict() for f in self.findings],
             "cycles": [c.to_dict() for c in self.cycles],
+            "stopped": self.stopped,
         }
 
 
@@ -127,6 +131,8 @@ def run_probe(
     if broken:
         report.findings += broken
         report.ok = False
+        if cycles:
+            report.stopped = f"stopped before cycle 1 of {cycles}: the teacher was already broken"
         return report
     try:
         _cycles(colocated, cycles, report, repair, on_event, on_cycle)
@@ -157,14 +163,24 @@ def _cycles(
         if on_cycle is not None:
             on_cycle(cycle)
         if not cycle.released:
-            break  # nothing to wake; a state that is not known is not touched again
+            # nothing to wake; a state that is not known is not touched again
+            _stopped(report, i, cycles, "it was not released")
+            break
         if not cycle.lost_weights:
             continue
+        why = "it lost its weights"
         if repair:
             outcome, _ = colocated.repair(i, cycle.findings, on_event)
             report.findings += outcome.findings
             report.repaired = outcome.ok
+            why += " (repaired and verified)" if outcome.ok else " (NOT repaired)"
+        _stopped(report, i, cycles, why)
         break
+
+
+def _stopped(report: ProbeReport, cycle: int, cycles: int, why: str) -> None:
+    if cycle < cycles:
+        report.stopped = f"stopped after cycle {cycle} of {cycles}: {why}"
 
 
 def restore(colocated: ColocatedTeacher, report: ProbeReport, on_event: EventSink | None) -> None:
@@ -222,6 +238,12 @@ def _one_cycle(colocated: ColocatedTeacher, i: int) -> CycleReport:
     )
 
 
+def cycle_result(c: CycleReport) -> str:
+    """A cycle's result column: ``ok``, its finding codes, or ``not released: <codes>``."""
+    codes = ", ".join(sorted({f.code for f in c.findings}))
+    return f"not released: {codes}" if not c.released else codes if c.lost_weights else "ok"
+
+
 def format_table(report: ProbeReport) -> str:
     """The per-cycle table ``distill-guard probe`` prints."""
     head = f"{'cycle':>5}  {'sleep+wake s':>12}  {'canary s':>8}  {'max |Δ logprob|':>15}  {'top-1 logprob':>13}  {'uniform':>7}  result"
@@ -233,8 +255,7 @@ def format_table(report: ProbeReport) -> str:
             if c.top1_logprob is None or not math.isfinite(c.top1_logprob)
             else f"{c.top1_logprob:.4f}"
         )
-        codes = ", ".join(sorted({f.code for f in c.findings}))
-        result = f"not released: {codes}" if not c.released else codes if c.lost_weights else "ok"
+        result = cycle_result(c)
         lines.append(
             f"{c.cycle:>5}  {c.sleep_wake_s:>12.3f}  {c.canary_s:>8.3f}  {delta:>15}  {top1:>13}  "
             f"{'n/a' if c.uniform is None else 'yes' if c.uniform else 'no':>7}  {result}"
@@ -257,10 +278,8 @@ def format_report(report: ProbeReport, url: str, cycles: int, canary: Canary) ->
     lines += ["preflight:", *findings(pre)] if pre else []
     lines += [format_table(report)] if report.cycles else []
     lines += ["findings:", *findings(rest)] if rest else []
-    if report.cycles and len(report.cycles) < cycles:
-        last = report.cycles[-1]
-        why = "it was not released" if not last.released else "it lost its weights"
-        lines.append(f"Stopped after cycle {last.cycle} of {cycles}: {why}.")
+    if report.stopped:
+        lines.append(f"{report.stopped[0].upper()}{report.stopped[1:]}.")
     if any(c.lost_weights for c in report.cycles):
         lines.append(
             "The teacher lost its weights and was repaired (reload, flush) and verified by the "

@@ -83,7 +83,7 @@ def test_to_json_has_exactly_the_documented_shape(tiny_dir) -> None:
 
     with reference_teacher(tiny_dir) as (url, teacher), SGLangHTTPTeacher(url) as t:
         out = run_probe(t, cycles=1, canary=Canary(length=16, top_k=4)).to_json()
-        assert list(out) == ["ok", "repaired", "findings", "cycles"]
+        assert list(out) == ["ok", "repaired", "findings", "cycles", "stopped"]
         assert out["ok"] is False and out["repaired"] is True
         assert json.loads(json.dumps(out, allow_nan=False)) == out
         assert out["cycles"][0]["uniform"] is None  # held for its repair, unmeasured
@@ -108,3 +108,20 @@ def test_no_repair_leaves_it_reported(tiny_dir) -> None:
     with reference_teacher(tiny_dir) as (url, _), SGLangHTTPTeacher(url) as t:
         report = run_probe(t, cycles=2, repair=False)
     assert not report.repaired and report.cycles[0].lost_weights
+
+
+def test_a_probe_that_stops_early_says_after_which_cycle_and_why(tiny_dir) -> None:
+    """Issue 28: --cycles 3 stopped after a failed first cycle without saying so (--json)."""
+    with reference_teacher(tiny_dir) as (url, _), SGLangHTTPTeacher(url) as t:
+        seen: list[int] = []
+        report = run_probe(t, cycles=3, on_cycle=lambda c: seen.append(c.cycle))
+    assert seen == [1] and len(report.cycles) == 1
+    assert (
+        report.stopped == "stopped after cycle 1 of 3: it lost its weights (repaired and verified)"
+    )
+    assert report.to_json()["stopped"] == report.stopped
+    with (
+        reference_teacher(tiny_dir, enable_cpu_backup=True) as (url, _),
+        SGLangHTTPTeacher(url) as t,
+    ):
+        assert run_probe(t, cycles=2).stopped is None

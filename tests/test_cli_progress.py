@@ -1,0 +1,37 @@
+"""Progress on stderr: to a terminal only, never under --json, one throttled count line."""
+
+from __future__ import annotations
+
+import io
+
+from distill_guard.cli.progress import Progress
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_on_for_a_terminal_off_under_json_or_for_a_pipe() -> None:
+    assert Progress.for_command(False, Terminal()).enabled
+    assert not Progress.for_command(True, Terminal()).enabled
+    assert not Progress.for_command(False, io.StringIO()).enabled
+    assert not Progress.for_command(False, object()).enabled  # no isatty at all
+
+
+def test_a_disabled_progress_writes_nothing() -> None:
+    out = Terminal()
+    p = Progress(False, out)
+    p.say("x")
+    p.count(1, 2, "steps")
+    p.close()
+    assert out.getvalue() == ""
+
+
+def test_count_is_throttled_but_always_shows_the_last_item_and_say_ends_its_line() -> None:
+    out = Terminal()
+    p = Progress(True, out, interval_s=3600)
+    for i in range(1, 101):
+        p.count(i, 100, "replay")
+    p.say("done")
+    assert out.getvalue() == "\rreplay: 1 of 100\rreplay: 100 of 100\ndone\n"
