@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -115,9 +116,13 @@ class ReplayResult:
 
 
 def replay(
-    history: History, preset: str = "default", overrides: list[str] | None = None
+    history: History,
+    preset: str = "default",
+    overrides: list[str] | None = None,
+    on_step: Callable[[int, int], None] | None = None,
 ) -> ReplayResult:
-    """Feed every step's metrics to a guard built from ``preset``; nothing is sent anywhere."""
+    """Feed every step's metrics to a guard built from ``preset``; nothing is sent anywhere.
+    ``on_step(done, total)`` after each step: the CLI's progress."""
     result = ReplayResult(history, preset)
     guard = build_guard(
         preset,
@@ -127,10 +132,13 @@ def replay(
         on_finding=result.findings.append,
         stop_on_halt=False,
     )
-    for step, values in history.steps:
+    total = len(history.steps)
+    for done, (step, values) in enumerate(history.steps, 1):
         d = guard.on_step_metrics(step, values)
         if d.action is not Action.CONTINUE or d.intended is not None:
             result.decisions.append(d)
+        if on_step is not None:
+            on_step(done, total)
     result.run = guard.run
     return result
 

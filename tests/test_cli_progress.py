@@ -35,3 +35,12 @@ def test_count_is_throttled_but_always_shows_the_last_item_and_say_ends_its_line
         p.count(i, 100, "replay")
     p.say("done")
     assert out.getvalue() == "\rreplay: 1 of 100\rreplay: 100 of 100\ndone\n"
+
+
+def test_count_stays_silent_for_work_shorter_than_its_delay() -> None:
+    out = Terminal()
+    p = Progress(True, out, delay_s=3600)
+    for i in range(1, 11):
+        p.count(i, 10, "replay")
+    p.close()
+    assert out.getvalue() == ""

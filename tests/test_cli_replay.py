@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -488,3 +489,36 @@ def test_a_wrong_vocab_size_is_a_finding_naming_the_level_and_the_bound(run_cli,
     assert "-11.93121 is below −ln V = -6.90776" in vocab["message"]
     healthy = write_jsonl(healthy_history(60), tmp_path / "h.jsonl")
     assert run_cli("replay", healthy, "--vocab-size", "1000")[0] == 0  # nothing contradicts it
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("json_output", [False, True])
+def test_a_long_replay_shows_its_progress_on_a_terminal_only(
+    run_cli, tmp_path, monkeypatch, json_output
+):
+    """Issue 28: long replays showed no progress. Here every replay is "long" (no delay)."""
+    from distill_guard.cli import progress
+
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    monkeypatch.setattr(progress.Progress, "__init__", _no_delay(progress.Progress.__init__))
+    path = write_jsonl(healthy_history(50), tmp_path / "h.jsonl")
+    code, out, _ = run_cli("replay", path, *(["--json"] if json_output else []))
+    assert code == 0
+    if json_output:
+        assert terminal.getvalue() == "" and as_json(out)["findings"] == []
+    else:
+        assert terminal.getvalue().endswith("\rreplay: steps: 50 of 50\n")
+        assert "replay: steps" not in out
+
+
+def _no_delay(init):
+    def wrapped(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.delay_s = 0.0
+
+    return wrapped

@@ -59,6 +59,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from distill_guard.cli.progress import Progress
     from distill_guard.history import HistoryError, load_history
     from distill_guard.replay import format_table, replay
 
@@ -73,9 +74,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
         f"run.vocab_size={args.vocab_size if args.vocab_size is not None else 'null'}",
         *args.set,
     ]
+    progress = Progress.for_command(args.json, delay_s=1.0)
     try:
         history = load_history(args.path, dict(args.key))
-        result = replay(history, args.preset, overrides)
+        result = replay(
+            history,
+            args.preset,
+            overrides,
+            on_step=lambda done, total: progress.count(done, total, "replay: steps"),
+        )
     except HistoryError as exc:
         raise UsageError(str(exc)) from None
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
@@ -83,6 +90,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
         why = describe_bad_override(args.preset, args.set, exc)
         raise UsageError(f"bad guard setting: {why}") from None
+    finally:
+        progress.close()
     if args.plot and not Path(args.plot).resolve().parent.is_dir():
         raise UsageError(f"--plot {args.plot}: the folder {Path(args.plot).parent} does not exist")
     if args.plot:
