@@ -87,6 +87,7 @@ if str(ROOT) not in sys.path:  # the demo's loop pieces live in examples/, besid
 from benchmarks.soak import rss_mib  # noqa: E402  (the resident set, as the 100k soak reads it)
 from distill_guard import build_guard  # noqa: E402
 from distill_guard.alerts.webhook import WEBHOOK_ENV  # noqa: E402
+from distill_guard.cli.progress import Progress  # noqa: E402
 from distill_guard.events import read_events  # noqa: E402
 from distill_guard.teachers import SGLangHTTPTeacher, TeacherError, TorchTeacher  # noqa: E402
 from distill_guard.testing.servers import free_port, reference_teacher  # noqa: E402
@@ -870,11 +871,9 @@ class Soak:
                 done = step - (self.block[-1][0] if self.block else 0)
                 self.block.append((step, (now - t_block) / max(done, 1), block_max))
                 self.memory.append((step, rss_mib(), threading.active_count()))
-                print(
-                    f"# seed {self.seed} step {step}: rss {self.memory[-1][1]:.1f} MiB, "
-                    f"{self.block[-1][1] * 1000:.1f} ms/step",
-                    file=sys.stderr,
-                    flush=True,
+                PROGRESS.say(
+                    f"# seed {self.seed} step {step} of {self.steps}: rss "
+                    f"{self.memory[-1][1]:.1f} MiB, {self.block[-1][1] * 1000:.1f} ms/step"
                 )
                 t_block, block_max = now, 0.0
 
@@ -1205,6 +1204,10 @@ def verdict(r: dict[str, Any]) -> tuple[bool, str]:
         f"{r['rss_ratio']:.3f}{'' if flat else ' (grew)'}, {r['seconds']:.0f} s"
     )
     return ok, line
+
+
+PROGRESS = Progress.for_command()
+"""Each block's step, memory and speed, on stderr to a terminal only (the results say them too)."""
 
 
 def main() -> None:

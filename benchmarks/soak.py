@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from distill_guard import build_guard
+from distill_guard.cli.progress import Progress
 from distill_guard.events import read_events
 
 
@@ -74,7 +75,9 @@ def main() -> None:
         print(f"{'step':>7} {'rss MiB':>8} {'traced KiB':>10} {'events':>7} {'us/step':>8}")
         first: tuple[float, float] | None = None
         t_last = time.perf_counter()
+        progress = Progress.for_command()  # on stderr, to a terminal only
         for step in range(args.steps + 1):
+            progress.count(step, args.steps, "soak: step")
             burst = step % args.incident_every
             tok, top = bad if burst == 1 else good
             guard.on_teacher_scores(step, tok, top)
@@ -90,11 +93,13 @@ def main() -> None:
                 rss = rss_mib()
                 first = first or (rss, traced)
                 n_events = sum(1 for _ in events.open())
+                progress.close()  # the row starts a line of its own
                 print(
                     f"{step:>7} {rss:>8.1f} {traced:>10.1f} {n_events:>7} "
                     f"{(now - t_last) / args.every * 1e6:>8.0f}"
                 )
                 t_last = now
+        progress.close()
         guard.close()
         assert first is not None
         print(f"rss last/first: {rss / first[0]:.3f}; traced last/first: {traced / first[1]:.3f}")

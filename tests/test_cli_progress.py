@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 from distill_guard.cli.progress import Progress
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 class Terminal(io.StringIO):
@@ -44,3 +50,32 @@ def test_count_stays_silent_for_work_shorter_than_its_delay() -> None:
         p.count(i, 10, "replay")
     p.close()
     assert out.getvalue() == ""
+
+
+def _soak(stderr: int | None) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, str(REPO / "benchmarks" / "soak.py"), "--steps", "200", "--every", "100"]
+    return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=stderr, timeout=120, cwd=REPO)
+
+
+def test_a_benchmark_shows_progress_on_a_terminal_and_none_to_a_pipe() -> None:
+    """Issue 28: the benchmarks' long loops (here benchmarks/soak.py) show progress on a
+    terminal (a pseudo-terminal here) and write none to a pipe or a file."""
+    piped = _soak(subprocess.PIPE)
+    assert piped.returncode == 0 and b"soak: step" not in piped.stderr
+    leader, follower = os.openpty()
+    try:
+        tty = _soak(follower)
+        os.close(follower)
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the other end closed
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        os.close(leader)
+    assert tty.returncode == 0 and b"soak: step: 200 of 200" in seen
+    assert b"soak: step" not in tty.stdout  # the results stay clean
