@@ -127,3 +127,29 @@ def test_preflight_refuses_a_launcher_it_does_not_know(command, capsys) -> None:
 def test_preflight_knows_both_sglang_launchers(command, capsys) -> None:
     assert main(["preflight", "--args", command]) == 1  # memory saver without weights backup
     assert "no_weights_backup" in capsys.readouterr().out
+
+
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    action = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)
+
+
+@pytest.mark.parametrize("name", sorted(_subcommands()))
+def test_every_subcommand_shows_usage_examples_that_parse(name) -> None:
+    """Issue 28: subcommands had no usage examples. Each example is a command line of this
+    subcommand that the parser accepts as written."""
+    import shlex
+
+    help_text = _subcommands()[name].format_help()
+    assert "\nexamples:\n" in help_text
+    lines = help_text.split("\nexamples:\n", 1)[1].strip().splitlines()
+    assert lines
+    for line in lines:
+        words = shlex.split(line.split(">")[0])
+        assert words[:2] == ["distill-guard", name], line
+        build_parser().parse_args(words[1:])  # raises SystemExit if it does not parse
+
+
+@pytest.mark.parametrize("name", ["replay", "reference"])
+def test_the_preset_option_shows_its_default(name) -> None:
+    assert "(default: default)" in " ".join(_subcommands()[name].format_help().split())

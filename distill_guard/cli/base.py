@@ -66,14 +66,38 @@ def _key_value(text: str) -> tuple[str, str]:
     return role, name
 
 
+def examples(*lines: str) -> str:
+    """A subcommand's usage examples, as the epilog of its ``--help``."""
+    return "examples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Wraps the description like argparse does, keeps the examples' lines as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text.startswith("examples:\n"):
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+
 def _command(
-    sub: argparse._SubParsersAction, name: str, func: Callable[..., int], summary: str
+    sub: argparse._SubParsersAction,
+    name: str,
+    func: Callable[..., int],
+    summary: str,
+    epilog: str | None = None,
 ) -> argparse.ArgumentParser:
     """A subcommand that runs ``func(args) -> exit code``, described by ``func``'s docstring,
-    and can print JSON."""
+    with its usage examples (``epilog``, from :func:`examples`), and can print JSON."""
     description = " ".join((func.__doc__ or summary).split())
     p = sub.add_parser(
-        name, help=summary, description=description, allow_abbrev=False, parents=[_global_flags()]
+        name,
+        help=summary,
+        description=description,
+        epilog=epilog,
+        formatter_class=_HelpFormatter,
+        allow_abbrev=False,
+        parents=[_global_flags()],
     )
     p.add_argument("--json", action="store_true", help="print one JSON object, not a table")
     p.set_defaults(func=func)
@@ -84,7 +108,11 @@ def _guard_config_args(p: argparse.ArgumentParser, set_example: str) -> None:
     """``--preset`` and the repeatable ``--set KEY=VALUE`` (a Hydra override on the guard config)."""
     from distill_guard.presets import PRESETS
 
-    p.add_argument("--preset", default="default", help=f"guard preset: {', '.join(PRESETS)}")
+    p.add_argument(
+        "--preset",
+        default="default",
+        help=f"guard preset: {', '.join(PRESETS)} (default: default)",
+    )
     p.add_argument(
         "--set",
         action="append",

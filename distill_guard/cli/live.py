@@ -8,7 +8,14 @@ import signal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from distill_guard.cli.base import EXIT_FOUND, EXIT_OK, CommandFailed, UsageError, _command
+from distill_guard.cli.base import (
+    EXIT_FOUND,
+    EXIT_OK,
+    CommandFailed,
+    UsageError,
+    _command,
+    examples,
+)
 from distill_guard.cli.serve_reference import add_serve_reference
 from distill_guard.findings import Finding, Severity
 
@@ -47,7 +54,12 @@ def _connection_args(p: argparse.ArgumentParser) -> None:
 def add_live(sub: argparse._SubParsersAction) -> None:
     """probe and preflight, then serve-reference: a teacher to point them at."""
     summary = "preflight a live teacher, then sleep/wake it N times with the canary"
-    p = _command(sub, "probe", cmd_probe, summary)
+    epilog = examples(
+        "distill-guard probe --url http://127.0.0.1:30000",
+        "distill-guard probe --url http://127.0.0.1:30000 --cycles 5 --tags weights --json",
+        "distill-guard probe --url http://127.0.0.1:30000 --conformance > conformance.txt",
+    )
+    p = _command(sub, "probe", cmd_probe, summary, epilog)
     _connection_args(p)
     p.add_argument("--cycles", type=int, default=3, help="sleep/wake cycles (default 3)")
     p.add_argument(
@@ -80,7 +92,13 @@ def add_live(sub: argparse._SubParsersAction) -> None:
     )
 
     summary = "check a teacher's configuration (live server or launch command)"
-    p = _command(sub, "preflight", cmd_preflight, summary)
+    epilog = examples(
+        "distill-guard preflight --url http://127.0.0.1:30000",
+        'distill-guard preflight --args "python -m sglang.launch_server --model-path M '
+        '--enable-memory-saver --enable-weights-cpu-backup"',
+        "distill-guard preflight --url http://127.0.0.1:30000 --teacher-temperature 0.7",
+    )
+    p = _command(sub, "preflight", cmd_preflight, summary, epilog)
     _connection_args(p)
     p.add_argument("--args", dest="launch_args", help="launch command line, quoted")
     p.add_argument(

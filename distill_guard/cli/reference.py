@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from distill_guard.cli.base import UsageError, _command, _guard_config_args
+from distill_guard.cli.base import UsageError, _command, _guard_config_args, examples
 from distill_guard.presets import PRESETS
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -15,7 +15,12 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 def add_reference(sub: argparse._SubParsersAction) -> None:
     summary = "make the teacher's reference file from its checkpoint (canary logprobs)"
-    p = _command(sub, "reference", cmd_reference, summary)
+    epilog = examples(
+        "distill-guard reference /ckpt/teacher --out teacher_reference.json",
+        "distill-guard reference /ckpt/teacher --out ref.json --teacher-temperature 0.7 "
+        "--device cuda --dtype bfloat16",
+    )
+    p = _command(sub, "reference", cmd_reference, summary, epilog)
     p.add_argument("model_path", help="the checkpoint directory the teacher is launched from")
     p.add_argument("--out", required=True, metavar="FILE.json", help="where to write it")
     p.add_argument(

@@ -6,14 +6,20 @@ import argparse
 import json
 from pathlib import Path
 
-from distill_guard.cli.base import UsageError, _command, _guard_config_args, _key_value
+from distill_guard.cli.base import UsageError, _command, _guard_config_args, _key_value, examples
 from distill_guard.extras import require
 from distill_guard.presets import PRESETS
 
 
 def add_replay(sub: argparse._SubParsersAction) -> None:
     summary = "replay a metric history (JSONL or wandb CSV) through the guard"
-    p = _command(sub, "replay", cmd_replay, summary)
+    epilog = examples(
+        "distill-guard replay run.jsonl --vocab-size 151936",
+        "distill-guard replay run.csv --key loss=train/opd_loss --loss jsd --beta 0.5 --json",
+        "distill-guard replay run.jsonl --preset strict --plot timeline.png",
+        "distill-guard replay run.jsonl --set checks.entropy_drift.threshold_sigma=4",
+    )
+    p = _command(sub, "replay", cmd_replay, summary, epilog)
     p.add_argument("path", help="history: JSONL (one object per step) or CSV with a _step column")
     p.add_argument(
         "--key",

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from distill_guard import redaction
-from distill_guard.cli.base import EXIT_OK, UsageError, _global_flags
+from distill_guard.cli.base import EXIT_OK, UsageError, _global_flags, _HelpFormatter, examples
 from distill_guard.extras import require
 
 
@@ -21,6 +21,12 @@ def add_serve_reference(sub: argparse._SubParsersAction) -> None:
         description="A TorchTeacher behind SGLang's native HTTP endpoints, on 127.0.0.1. It is not "
         "SGLang: it only scores (max_new_tokens 0), has no tokenizer, and emulates the memory "
         "saver's sleep/wake on CPU.",
+        epilog=examples(
+            "distill-guard serve-reference --model /tmp/tiny --build-tiny 512 --port 30000",
+            "distill-guard serve-reference --model /tmp/tiny --port 30000 "
+            "--enable-weights-cpu-backup",
+        ),
+        formatter_class=_HelpFormatter,
         allow_abbrev=False,
     )
     p.add_argument("--model", required=True, help="checkpoint dir (config.json + *.safetensors)")
