@@ -38,7 +38,7 @@ with needed("the transformers/TRL callback (distill_guard.integrations.transform
 
 from distill_guard.config import GuardSpec  # noqa: E402
 from distill_guard.consensus import attach
-from distill_guard.integrations.callback import GuardedCallback
+from distill_guard.integrations.callback import GuardedCallback, teacher_in_model
 from distill_guard.metric_names import HF_METRIC_NAMES
 
 log = logging.getLogger("distill_guard")
@@ -164,15 +164,30 @@ class DistillGuardCallback(GuardedCallback, TrainerCallback):
             self._stop(control, state)
 
     def on_save(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        model: torch.nn.Module | None = None,
+        **kwargs: Any,
     ) -> None:
+        """The guard's state into the checkpoint; after a halt, a ``checkpoint`` event that says
+        what it holds of the teacher (TRL's teacher is not a part of the model it saves)."""
         if not self.save_guard_state or not state.is_world_process_zero:
             return
         ckpt = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
-        if os.path.isdir(ckpt):
-            torch.save(self.guard.state_dict(), os.path.join(ckpt, GUARD_STATE_FILE))
-            if self.guard.halted:
-                self.guard.events.write("checkpoint", step=state.global_step, path=ckpt)
+        if not os.path.isdir(ckpt):
+            return
+        torch.save(self.guard.state_dict(), os.path.join(ckpt, GUARD_STATE_FILE))
+        if self.guard.halted:
+            teacher = teacher_in_model(model, self.watched_teacher)
+            if teacher["in_checkpoint"]:
+                log.warning(
+                    "distill_guard: %s holds the teacher's weights (%s)", ckpt, teacher["why"]
+                )
+            self.guard.events.write(
+                "checkpoint", step=state.global_step, path=ckpt, teacher_left_out=teacher
+            )
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 
 import pytest
@@ -81,7 +82,16 @@ class Killer(pl.Callback):
             self.poison(pl_module.teacher)
 
 
-def fit(tmp_path, *, collapse_at=None, overrides=(), poison=kill, logger=False, fused=False):
+def fit(
+    tmp_path,
+    *,
+    collapse_at=None,
+    overrides=(),
+    poison=kill,
+    logger=False,
+    fused=False,
+    ckpt_path=None,
+):
     teacher = tiny_qwen3(seed=0)
     module = (FusedDistill if fused else Distill)(teacher, student_of(teacher))
     start = params(module.student)
@@ -98,7 +108,7 @@ def fit(tmp_path, *, collapse_at=None, overrides=(), poison=kill, logger=False, 
     )
     killer = Killer(collapse_at, poison)
     trainer = cpu_trainer(tmp_path, [killer, cb], logger=logger)
-    trainer.fit(module)
+    trainer.fit(module, ckpt_path=ckpt_path)
     return trainer, module, cb, killer, start, ev
 
 
@@ -133,6 +143,58 @@ def test_uniform_teacher_mid_run_is_caught_before_the_update_then_halts(tmp_path
     halt = [e for e in log if e["kind"] == "halt"]
     assert len(halt) == 1 and "teacher.uniform" in halt[0]["message"]
     assert any(e["kind"] == "checkpoint" and e["path"] == str(ckpt) for e in log)
+
+
+def test_resume_from_the_halt_checkpoint_trains_to_the_end_on_the_healthy_teacher(tmp_path):
+    """Issue 28: the documented layout keeps the teacher in ``module.teacher``, so a checkpoint
+    of the whole module held the zeroed teacher (every teacher tensor 0) and the callback's state
+    its halt; ``trainer.fit(module, ckpt_path=<halt checkpoint>)`` on a healthy teacher halted
+    again at its first step. Now the halt checkpoint leaves the teacher out (and says so), the
+    resume keeps the teacher the run built, lifts the halt, and trains to the end: every update
+    taken, no new finding."""
+    halted_trainer, _, halted, *_ = fit(tmp_path / "halted", collapse_at=COLLAPSE_AT)
+    ckpt = Path(halted.halt_checkpoint)
+    saved = torch.load(ckpt, weights_only=False)
+    assert [k for k in saved["state_dict"] if k.startswith("teacher.")] == []
+    assert any(k.startswith("student.") for k in saved["state_dict"])
+    (state,) = [v for k, v in saved["callbacks"].items() if "DistillGuardCallback" in k]
+    left_out = state["teacher_left_out"]
+    assert left_out["in_checkpoint"] is False and left_out["modules"] == ["teacher"]
+    assert left_out["tensors"] == len(tiny_qwen3(seed=0).state_dict()) and left_out["why"]
+    (record,) = [
+        e for e in events(tmp_path / "halted" / "events.jsonl") if e["kind"] == "checkpoint"
+    ]
+    assert record["teacher_left_out"] == left_out
+    found = dict(halted.guard.summary.count)
+
+    trainer, module, cb, _, start, ev = fit(tmp_path / "resumed", ckpt_path=ckpt)
+    assert same(params(module.teacher), params(tiny_qwen3(seed=0)))  # the run's own teacher
+    assert trainer.global_step == MAX_STEPS and not cb.guard.halted, cb.guard.halt
+    assert cb.step_guard.skipped_updates == 3  # the halted run's, restored; none added
+    assert dict(cb.guard.summary.count) == found
+    log = events(ev)
+    assert [e for e in log if e["kind"] in ("finding", "halt", "checkpoint")] == []
+    assert [e["step"] for e in log if e["kind"] == "halt_lifted"] == [COLLAPSE_AT + 2]
+    (kept,) = [e for e in log if e["kind"] == "teacher_kept"]
+    assert kept["checkpoint_left_out"] == left_out
+    assert not same(start, params(module.student))
+
+
+def test_a_resume_keeps_the_halt_only_when_asked(tmp_path):
+    """``resume_after_halt=False``: the checkpoint's halt is kept, as an automatic requeue may
+    want (the resumed run stops at its first step); by default it is lifted and recorded."""
+    overrides = ["alerts.use_wandb=false", f"run.vocab_size={VOCAB}"]
+    halted = DistillGuardCallback("default", overrides=[*overrides, "policy.critical_action=HALT"])
+    uniform = torch.full((8, 4), -math.log(VOCAB))
+    halted.guard.on_teacher_scores(0, token_logprobs=uniform[:, 0], topk_logprobs=uniform)
+    assert halted.guard.halted
+    state = halted.state_dict()
+    kept = DistillGuardCallback("default", overrides=overrides, resume_after_halt=False)
+    kept.load_state_dict(state)
+    lifted = DistillGuardCallback("default", overrides=[*overrides, f"events_path={tmp_path}/e"])
+    lifted.load_state_dict(state)
+    assert kept.guard.halted and not lifted.guard.halted
+    assert [e["step"] for e in events(tmp_path / "e") if e["kind"] == "halt_lifted"] == [0]
 
 
 def test_halt_policy_stops_at_the_first_poisoned_step(tmp_path):

@@ -40,6 +40,17 @@ from distill_guard.integrations.relax.verdicts import (
 
 log = logging.getLogger("distill_guard")
 
+TEACHER_APART = {
+    "in_checkpoint": False,
+    "modules": [],
+    "tensors": 0,
+    "why": "Relax's save writes the trainer's model, optimizer and scheduler; the teacher is the "
+    "SGLang server, which loads its own checkpoint (--teacher-hf-checkpoint) when the run is "
+    "launched again",
+}
+"""What Relax's halt checkpoint holds of the teacher (the ``checkpoint`` event's
+``teacher_left_out``, as the trainer callbacks write it)."""
+
 SaveFunction = Callable[[Any, int, Any, Any, Any], Any]
 """``save(args, rollout_id, model, optimizer, opt_param_scheduler)``; what it returns (a
 string: which save ran) goes to the ``checkpoint`` event."""
@@ -228,7 +239,10 @@ class TrainerGate:
             )
         else:
             self.events.write(
-                "checkpoint", step=rollout_id, via=via if isinstance(via, str) else None
+                "checkpoint",
+                step=rollout_id,
+                via=via if isinstance(via, str) else None,
+                teacher_left_out=TEACHER_APART,
             )
         message = f"distill_guard halted the run before training rollout {rollout_id}: {why}"
         self.events.write("halt", step=rollout_id, stage="before_train_step", message=message)

@@ -117,6 +117,39 @@ class Driver(Protocol):
         """The checkpoints the adapter's docs promise for ``halted.halt_step``."""
 
 
+def zeroed_tensors(paths: list[Path]) -> list[str]:
+    """Where the checkpoints hold an all-zero floating tensor of more than one element: a zeroed
+    teacher's weights (no student, optimizer or guard state holds one). Every file of a
+    checkpoint directory is read: torch files and safetensors."""
+    found: list[str] = []
+    for path in paths:
+        for file in sorted(path.rglob("*")) if path.is_dir() else [path]:
+            found += [f"{file.name}:{k}" for k in _zeroed(_tensors_of(file))]
+    return found
+
+
+def _tensors_of(file: Path) -> Any:
+    if file.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(file)
+    if file.suffix in (".pt", ".pth", ".ckpt", ".bin"):
+        return torch.load(file, weights_only=False, map_location="cpu")
+    return None
+
+
+def _zeroed(obj: Any, key: str = "") -> Iterator[str]:
+    if isinstance(obj, torch.Tensor):
+        if obj.is_floating_point() and obj.numel() > 1 and not bool(obj.any()):
+            yield key
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _zeroed(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield from _zeroed(v, f"{key}[{i}]")
+
+
 def teacher_reference(root: Path) -> list[str]:
     """The override giving the guard the teacher's reference from its checkpoint: the in-process
     drivers' teacher (``tiny_qwen3()``, seed 0) written to ``root/teacher``, as a user's teacher
@@ -291,7 +324,7 @@ class HFTrainer(InProcess):
 
 
 @functools.cache
-def _lightning_callbacks() -> tuple[type, type]:
+def _lightning_ledger() -> type:
     pl = pytest.importorskip("lightning.pytorch")
 
     class Ledger(pl.Callback):
@@ -308,19 +341,7 @@ def _lightning_callbacks() -> tuple[type, type]:
             self.ledger.end(self.guard.step_guard.skipped_updates > self.skips)
             self.losses.append(float(outputs["loss"]))
 
-    class Fixed(pl.Callback):
-        """Once Lightning restored the checkpoint (the module's weights, the dead teacher's with
-        them, and the guard callback's state, with its halt): the fixed teacher's weights, and
-        the guard's state without its halt, before the first resumed step."""
-
-        def __init__(self, guard: Any, state: dict):
-            self.guard, self.state = guard, state
-
-        def on_train_start(self, trainer, pl_module):
-            pl_module.teacher.load_state_dict(tiny_qwen3(seed=0).state_dict())
-            self.guard.guard.load_state_dict(self.state, keep_halt=False)
-
-    return Ledger, Fixed
+    return Ledger
 
 
 class Lightning(InProcess):
@@ -329,13 +350,10 @@ class Lightning(InProcess):
     a forward hook). The halt checkpoint is the guard's ``trainer.save_checkpoint`` to
     ``checkpoints/distill_guard-halt-step=N.ckpt``, the guard's state in its callback state.
 
-    Resume: ``trainer.fit(module, ckpt_path=<halt checkpoint>)``. Lightning restores the whole
-    module, the teacher's dead weights included (it is a submodule), and the callback's state
-    itself, through ``DistillGuardCallback.load_state_dict``, which keeps the halt: resumed so,
-    the run halts again at its first step, and no argument passes ``keep_halt=False``. So at
-    ``on_train_start``, after Lightning's restore and before the first resumed step, the driver
-    fixes the teacher (its healthy weights back) and loads the same guard state with
-    ``keep_halt=False``."""
+    Resume: ``trainer.fit(module, ckpt_path=<halt checkpoint>)`` on a module built as the run
+    builds it (a healthy teacher), and nothing else, as docs/after-a-halt.md shows it. The halt
+    checkpoint holds none of the teacher's weights, so the teacher keeps its own, and the
+    callback's ``load_state_dict`` takes the guard's state without its halt."""
 
     name = "lightning"
 
@@ -352,7 +370,7 @@ class Lightning(InProcess):
 
         from ..test_lightning import Distill, cpu_trainer
 
-        Ledger, Fixed = _lightning_callbacks()
+        Ledger = _lightning_ledger()
         at = (self.at if at is None else at) if halted is None else halted.host_steps
         teacher = tiny_qwen3(seed=0)
         module = Distill(teacher, student_of(teacher))
@@ -363,8 +381,6 @@ class Lightning(InProcess):
         cb = DistillGuardCallback("default", overrides=overrides)
         losses: list[float] = []
         callbacks = [Ledger(ledger, cb, losses), cb]
-        if halted is not None:
-            callbacks.insert(0, Fixed(cb, halted.state))
         trainer = cpu_trainer(root, callbacks, max_steps=self.steps)
         trainer.fit(module, ckpt_path=halted.saved[0] if halted is not None else None)
         reported = [Path(cb.halt_checkpoint)] if cb.halt_checkpoint else []

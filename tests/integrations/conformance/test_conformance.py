@@ -9,9 +9,12 @@ the others, not tests of its own. The scenarios:
 2. a teacher zeroed mid-run (uniform) takes no update, and the default policy halts;
 3. a teacher turned to garbage mid-run (noise at each weight's own scale: not uniform, so only
    the canary's fingerprint tells) takes no update, and halts;
-4. the halt leaves the checkpoint the adapter documents, and the event file says why;
-5. the halted run's guard state, loaded without its halt onto a fixed teacher, goes on to the
-   end with no new finding;
+4. the halt leaves the checkpoint the adapter documents, and the event file says why; the
+   checkpoint holds none of the dead teacher's weights, and its ``checkpoint`` record says what
+   it holds of the teacher and why (docs/after-a-halt.md);
+5. resumed from the halt as docs/after-a-halt.md says, on a fixed teacher, the run goes on to
+   the end with no new finding (the guard's state without its halt; the teacher the resumed run
+   built, never the checkpoint's);
 6. loaded onto a teacher still dead (garbage: only a reference can tell), it takes no update:
    the state's canary reference catches it at the first resumed step;
 7. a teacher wrong from step 0 takes no update when the guard has the teacher's reference from
@@ -29,7 +32,7 @@ from pathlib import Path
 import pytest
 
 from .._tiny import VOCAB, garble, kill, loud
-from .adapters import Outcome
+from .adapters import Outcome, zeroed_tensors
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +91,15 @@ def test_a_halt_leaves_its_checkpoint_and_its_reason(driver, halted):
     records = [e for e in halted.events if e["kind"] == "checkpoint"]
     assert bool(records) is driver.records_checkpoint, records
     assert all(Path(e["path"]) in halted.saved for e in records if "path" in e), records
+
+
+def test_a_halt_checkpoint_holds_none_of_the_dead_teachers_weights(driver, halted):
+    """Every teacher tensor of the zeroed run is all zero: none may be in its checkpoint (a
+    resume would load the dead teacher as the run's). The record says so, and why."""
+    assert halted.saved and zeroed_tensors(halted.saved) == [], zeroed_tensors(halted.saved)
+    for e in (e for e in halted.events if e["kind"] == "checkpoint"):
+        teacher = e["teacher_left_out"]
+        assert teacher["in_checkpoint"] is False and teacher["why"], e
 
 
 def test_resume_from_the_halt_on_a_fixed_teacher_finds_nothing_new(driver, halted, tmp_path):
