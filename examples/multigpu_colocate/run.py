@@ -262,11 +262,18 @@ def quiet_transformers() -> None:
 
 
 def checkpoints(args: argparse.Namespace, rank: int) -> tuple[Path, Path]:
-    """Rank 0 writes the teacher and student checkpoints; the others wait for them."""
+    """Rank 0 writes the teacher and student checkpoints; the others wait for them, and stop,
+    saying so, where they cannot see them (``--out`` on a node-local disk of another node)."""
     root = args.out / "ckpt"
     if rank == 0:
         build_checkpoints(root, args.vocab_size, args.seed)
     dist.barrier()
+    missing = [d for d in ("teacher", "student") if not (root / d / "config.json").is_file()]
+    if missing:
+        raise SystemExit(
+            f"[rank {rank}] {root} has no {' or '.join(missing)} checkpoint: rank 0 wrote them "
+            "on its node; --out must be a directory every node sees (a shared filesystem)"
+        )
     return root / "teacher", root / "student"
 
 

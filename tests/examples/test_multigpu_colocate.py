@@ -15,6 +15,7 @@ from distill_guard.events import read_events
 from distill_guard.findings import Code
 from examples.multigpu_colocate import run
 
+ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--device", "cpu", "--vocab-size", "512", "--batch-size", "2", "--gen-len", "8"]
 SMALL += ["--timeout-s", "50", "--consensus-timeout-s", "20"]
 
@@ -114,3 +115,33 @@ def test_the_watchdog_turns_a_hang_into_exit_124_with_stacks():
     assert proc.returncode == 124
     assert "[rank 1] watchdog: the run did not finish within --timeout-s 0.5 s" in proc.stderr
     assert 'File "<string>", line 1 in <module>' in proc.stderr  # the stuck main thread
+
+
+def test_a_rank_that_cannot_see_the_checkpoints_stops_saying_out_must_be_shared(
+    tmp_path, monkeypatch
+):
+    """Several nodes with --out on a node-local disk: rank 0 wrote the checkpoints on its node;
+    a rank of another node stops at the start, naming the fix (was a HFValidationError)."""
+    monkeypatch.setattr(run.dist, "barrier", lambda: None)
+    args = run.parse_args(["--device", "cpu", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="--out must be a directory every node sees"):
+        run.checkpoints(args, rank=1)
+
+
+def test_the_slurm_script_starts_one_torchrun_per_node_with_a_shared_out():
+    """examples/multigpu_colocate/slurm.sh: valid bash, srun + torchrun --nnodes at the first
+    node's address, --out under the submit directory (every node sees it), and the arguments
+    it passes are run.py's."""
+    script = ROOT / "examples" / "multigpu_colocate" / "slurm.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    text = script.read_text()
+    assert "#SBATCH --ntasks-per-node=1" in text and "srun --kill-on-bad-exit=1 torchrun" in text
+    assert '--nnodes "${SLURM_NNODES:-2}"' in text and "--rdzv-backend c10d" in text
+    assert "OUT=${OUT:-$PWD/outputs/" in text
+    run.parse_args(["--faulty-rank", "1", "--out", "/shared/x", "--compare"])
+    docs = (ROOT / "docs" / "integrations.md").read_text()
+    section = docs.split("### Several nodes", 1)[1].split("\n## ", 1)[0]
+    for said in ("consensus_timeout_s", "guard.consensus_failed", "guard.rank<r>.jsonl",
+                 "distill_guard_state.pt", "teacher.reference_unavailable", "GLOO_SOCKET_IFNAME",
+                 "examples/multigpu_colocate/slurm.sh"):  # fmt: skip
+        assert said in section, said
