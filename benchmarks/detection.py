@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from distill_guard.alerts import Alerter
+from distill_guard.cli.progress import Progress
 from distill_guard.config import build_guard
 from distill_guard.findings import Severity
 from distill_guard.history import load_history
@@ -733,8 +734,13 @@ def main() -> None:
     cost = {"healthy": 5.0, "failing": 1.0}  # larger first, for balance across workers
     tasks.sort(key=lambda t: -cost[t[0]] * (5 if t[1].startswith("tensors") else 1))
     t0 = time.perf_counter()
+    progress = Progress.for_command()  # on stderr, to a terminal only
+    results = []
     with ProcessPoolExecutor(args.workers) as pool:
-        results = list(pool.map(run_task, tasks, chunksize=1))
+        for result in pool.map(run_task, tasks, chunksize=1):
+            results.append(result)
+            progress.count(len(results), len(tasks), "detection: histories")
+    progress.close()
     wall = time.perf_counter() - t0
     print(f"# command: {' '.join([os.path.basename(sys.executable), *sys.argv])}")
     print(f"# {len(tasks)} histories, seeds per family {seeds} / {f_seeds} (healthy / failing)")
