@@ -23,6 +23,7 @@ EXTRAS = {
     "gpu": ("triton", "torch_memory_saver"),
     "wandb": ("wandb",),
     "ray": ("ray",),
+    "router": ("sglang_router",),
 }
 """Extra → the top-level modules it installs (pyproject's ``[project.optional-dependencies]``)."""
 

@@ -72,6 +72,7 @@ FEATURES = {  # feature code → the extra its error must name
     "import distill_guard.triton_kernels": "gpu",
     "from distill_guard.teachers.torch_teacher import _TMSRegion; _TMSRegion('w', cpu_backup=True, hook_mode=None)": "gpu",
     "from distill_guard.integrations.relax.ray_board import RayBoard; RayBoard('r').wait(0, 0)": "ray",
+    "from distill_guard.testing.router import sglang_router; sglang_router([]).__enter__()": "router",
 }
 RELAX = "from distill_guard.integrations.relax.samples import numeric; numeric([1.0])"
 BLOCKED = sorted({m for modules in EXTRAS.values() for m in modules} | {"numpy"})
