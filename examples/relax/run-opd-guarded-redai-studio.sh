@@ -31,6 +31,8 @@
 #   --custom-config-path (TEACHER_CPU_BACKUP=0 only, above).
 #   --save "$SAVE_DIR" --save-interval "$SAVE_INTERVAL" (default 50): the guard's halt checkpoints
 #     every trainer rank through Relax's own save, which writes to --save; the recipe saves nothing.
+#   --load "$LOAD_DIR" (only when LOAD_DIR is set): resume the trainer from a checkpoint of --save,
+#     e.g. the one a guard halt wrote, once the teacher is fixed (docs/after-a-halt.md).
 #   --dynamic-sampling-filter-path, --custom-convert-samples-to-train-data-path,
 #   --custom-megatron-before-train-step-hook-path, --custom-rollout-log-function-path,
 #   --custom-eval-rollout-log-function-path: the guard's hooks.
@@ -84,6 +86,9 @@ CKPT_ARGS=(
   --save "${SAVE_DIR}"
   --save-interval "${SAVE_INTERVAL}"
 )
+if [ -n "${LOAD_DIR:-}" ]; then
+  CKPT_ARGS+=(--load "${LOAD_DIR}")
+fi
 
 ROLLOUT_ARGS=(
   --prompt-data "${data_path}"

@@ -344,6 +344,17 @@ def test_current_teacher_cpu_backup(tmp_path):
 
 
 @pytest.mark.parametrize("line_name", LINES)
+def test_load_dir_resumes_the_trainer_from_a_checkpoint(tmp_path, line_name):
+    """``LOAD_DIR`` adds Megatron's ``--load`` (defined on both lines): the relaunch after a halt
+    (docs/after-a-halt.md); unset, a fresh run loads nothing."""
+    line = LINES[line_name]
+    _, fresh = dry_run(line, tmp_path)
+    _, resumed = dry_run(line, tmp_path, LOAD_DIR=str(tmp_path / "save"))
+    assert "--load" not in fresh and value(resumed, "--load") == str(tmp_path / "save")
+    build_parser(flag_table(line, line.sglang[-1])).parse_args(train_args(resumed))
+
+
+@pytest.mark.parametrize("line_name", LINES)
 def test_the_recipe_is_kept(tmp_path, line_name):
     """Every flag of Relax's recipe is in the command, with the recipe's literal values, unless the
     launcher's comment block lists it as changed or dropped with a reason; a dropped flag is one
