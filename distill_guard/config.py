@@ -52,6 +52,15 @@ class RepairConfig:
 
 
 @dataclass
+class ReplicasConfig:
+    """A teacher made of replicas (:class:`~distill_guard.live.replicas.ReplicatedTeacher`)."""
+
+    min_healthy_replicas: int = 1
+    """The fewest replicas, verified against the checkpoint's reference, the run trains on: a
+    broken replica is quarantined and the run goes on with the rest; below this it halts."""
+
+
+@dataclass
 class GuardConfig:
     """The whole guard. Compose with ``guard=default|monitor_only|strict`` and override fields."""
 
@@ -72,6 +81,8 @@ class GuardConfig:
     """Where alerts go and how often."""
     repair: RepairConfig = field(default_factory=RepairConfig)
     """Bounds of one repair of a live teacher."""
+    replicas: ReplicasConfig = field(default_factory=ReplicasConfig)
+    """A teacher made of replicas: how few may serve before the run halts."""
 
 
 def register_configs() -> None:

@@ -107,13 +107,22 @@ class ColocatedTeacher:
         """Successful repairs over the run."""
         return self.incidents.total_repairs
 
-    def sleep(self, step: int, release: Callable[[], Any] | None = None) -> list[Finding]:
+    def sleep(
+        self, step: int, release: Callable[[], Any] | None = None, *, fingerprint: bool = True
+    ) -> list[Finding]:
         """Fingerprint the teacher, then release it (or run the host's ``release``).
 
         The guard's own release is made only where the teacher's version lets it be safe
         (:meth:`~distill_guard.teachers.TrackedTeacher.drain`); otherwise the teacher stays
-        awake and the first time is said (``teacher.release_skipped``)."""
-        findings = self.fingerprint(step)
+        awake and the first time is said (``teacher.release_skipped``). ``fingerprint=False``
+        takes none (a quarantined replica: its wake is judged against the checkpoint's
+        reference alone, and a canary on a teacher the guard's pause still holds would wait)."""
+        if fingerprint:
+            findings = self.fingerprint(step)
+        else:
+            findings = []
+            self.canary.forget()
+            self._checksum = None
         if release is not None:
             try:
                 self._timed("release", release)

@@ -49,7 +49,7 @@ def sglang_router(
     cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1"]
     cmd += ["--port", str(port), "--prometheus-host", "127.0.0.1"]
     cmd += ["--prometheus-port", str(metrics), "--policy", policy, "--log-level", "warn"]
-    cmd += ["--shutdown-grace-period-secs", "1"]
+    cmd += ["--shutdown-grace-period-secs", "0"]
     cmd += [] if health_check else ["--disable-health-check"]
     cmd += [*extra, "--worker-urls", *worker_urls]
     log = open(log_path or "/dev/null", "w")  # noqa: SIM115 - closed below
