@@ -29,8 +29,16 @@ SGLANG_LAUNCHERS = (*(f"python -m {m} ..." for m in SGLANG_MODULES), "sglang ser
 RELAX_FLAGS = "--use-opd, --teacher-hf-checkpoint, --opd-teacher-url, --teacher-sglang-*"
 
 
-def _connection_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", help="teacher base URL, e.g. http://127.0.0.1:30000")
+def _connection_args(p: argparse.ArgumentParser, *, several: bool = False) -> None:
+    if several:
+        p.add_argument(
+            "--url",
+            action="append",
+            help="teacher base URL, e.g. http://127.0.0.1:30000; repeat it for each replica of "
+            "a teacher (each probed at its own address)",
+        )
+    else:
+        p.add_argument("--url", help="teacher base URL, e.g. http://127.0.0.1:30000")
     p.add_argument(
         "--timeout",
         type=float,
@@ -58,9 +66,17 @@ def add_live(sub: argparse._SubParsersAction) -> None:
         "distill-guard probe --url http://127.0.0.1:30000",
         "distill-guard probe --url http://127.0.0.1:30000 --cycles 5 --tags weights --json",
         "distill-guard probe --url http://127.0.0.1:30000 --conformance > conformance.txt",
+        "distill-guard probe --url http://127.0.0.1:30001 --url http://127.0.0.1:30002",
+        "distill-guard probe --router http://127.0.0.1:30000 --json",
     )
     p = _command(sub, "probe", cmd_probe, summary, epilog)
-    _connection_args(p)
+    _connection_args(p, several=True)
+    p.add_argument(
+        "--router",
+        metavar="URL",
+        help="an sglang-router: probe each of its workers (GET /workers) at its own address, "
+        "never through the router; the router's --api-key from $SGLANG_ROUTER_API_KEY",
+    )
     p.add_argument("--cycles", type=int, default=3, help="sleep/wake cycles (default 3)")
     p.add_argument(
         "--tags",
@@ -209,6 +225,12 @@ def cmd_probe(args: argparse.Namespace) -> int:
     if not args.timeout > 0:
         raise UsageError(f"--timeout must be > 0 seconds, got {args.timeout}")
     canary = Canary(top_k=args.top_k, length=args.canary_length, seed=args.seed)
+    urls = list(args.url or [])
+    if args.router or len(urls) > 1:
+        from distill_guard.cli.replicas import probe_fleet
+
+        return probe_fleet(args, urls, canary, _connect)
+    args.url = urls[0] if urls else None
     if args.conformance:
         return _conformance(args, canary)
     if args.teacher_temperature is not None:
