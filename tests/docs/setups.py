@@ -284,6 +284,44 @@ def sglang_http(ctx: Context) -> None:
     ctx.check = check
 
 
+@setup("replicas")
+def replicas(ctx: Context) -> None:
+    """Four reference replicas behind the real sglang-router, the second without the weights
+    backup (it wakes zeroed at every wake); the docs' router URL and checkpoint stand for them."""
+    import pytest
+
+    pytest.importorskip("sglang_router", reason="pip install 'distill_guard[router]'")
+    from distill_guard.testing.router import reference_replicas, sglang_router
+
+    served = ctx.stack.enter_context(reference_replicas(ctx.model_dir(), [True, False, True, True]))
+    ctx.substitutions[URL] = ctx.stack.enter_context(sglang_router([r.url for r in served]))
+
+    def check(ns: dict[str, Any]) -> None:
+        woke = ns["woke"]
+        assert ns["step"] == 2 and woke.decision.action.value != "halt"
+        zeroed = next(w for w in woke.replicas if w.url == served[1].url)  # the router's order
+        assert [m.value for m in zeroed.moves] == ["quarantine", "repair", "readmit"]
+        assert not any(w.moves for w in woke.replicas if w is not zeroed)
+        assert sorted(ns["teacher"].serving) == sorted(r.url for r in served)
+        assert all(r.server.dead_reason is None for r in served)
+
+    ctx.check = check
+
+
+@setup("replicas-probe")
+def replicas_probe(ctx: Context) -> None:
+    """Two reference replicas (the second without the weights backup) behind the real router."""
+    import pytest
+
+    pytest.importorskip("sglang_router", reason="pip install 'distill_guard[router]'")
+    from distill_guard.testing.router import reference_replicas, sglang_router
+
+    served = ctx.stack.enter_context(reference_replicas(ctx.tiny_model(), [True, False]))
+    for i, r in enumerate(served, start=1):
+        ctx.substitutions[f"http://127.0.0.1:3000{i}"] = r.url
+    ctx.substitutions[URL] = ctx.stack.enter_context(sglang_router([r.url for r in served]))
+
+
 @setup("sglang-engine")
 def sglang_engine(ctx: Context) -> None:
     """``sglang`` stands in as a module whose ``Engine`` has sglang.Engine's signatures over a
