@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from distill_guard.integrations.callback import leave_teacher_out
+from distill_guard.integrations.callback import leave_teacher_out, teacher_in_model
 
 
 class Pair(torch.nn.Module):
@@ -41,3 +41,13 @@ def test_a_teacher_outside_the_model_and_no_teacher_are_said():
         apart["in_checkpoint"] is False and apart["modules"] == [] and "not a part" in apart["why"]
     )
     assert unknown["in_checkpoint"] is None
+
+
+def test_a_teacher_inside_a_model_saved_whole_is_said_to_be_in_it():
+    """What the HF callback records (and warns of) for a Trainer whose ``model`` holds the
+    teacher: the checkpoint has its weights, and the resume must load them from the source."""
+    pair = Pair(torch.nn.Linear(2, 3), torch.nn.Linear(2, 3))
+    inside = teacher_in_model(pair, pair.teacher)
+    assert inside["in_checkpoint"] is True and inside["modules"] == ["teacher"]
+    assert "load the teacher's weights from its own checkpoint" in inside["why"]
+    assert teacher_in_model(pair.student, pair.teacher)["in_checkpoint"] is False
