@@ -436,3 +436,151 @@ def fused_loss(ctx: Context) -> None:
         assert head.weight.grad is not None and bool(head.weight.grad.abs().sum() > 0)
 
     ctx.check = check
+
+
+# ---------------------------------------------------------------------- docs/after-a-halt.md
+
+
+def _resumed_records(path: Path) -> list[dict[str, Any]]:
+    """The event file's records from the resume on: from its ``halt_lifted`` record (the
+    resumed guard took the halted run's state without its halt) to the resumed run's ``closed``."""
+    records = _events(path)
+    lifted = [i for i, e in enumerate(records) if e["kind"] == "halt_lifted"]
+    assert len(lifted) == 1, [e["kind"] for e in records]
+    resumed = records[lifted[0] :]
+    assert resumed[-1]["kind"] == "closed", [e["kind"] for e in resumed]
+    return resumed
+
+
+def _nothing_new(path: Path) -> list[dict[str, Any]]:
+    """The resumed run found nothing and did not halt; its records."""
+    resumed = _resumed_records(path)
+    assert [e for e in resumed if e["kind"] in ("finding", "halt", "checkpoint")] == []
+    return resumed
+
+
+def _broken_teachers_are_caught(state: dict[str, Any], step: int) -> None:
+    """The page's claim about its check: held to the saved state, a teacher still zeroed is
+    ``teacher.uniform`` and one turned to garbage ``teacher.fingerprint_mismatch``."""
+    from distill_guard import build_guard
+    from distill_guard.testing.standins import tiny_random_qwen3, zero_weights
+    from tests.integrations._tiny import garble
+
+    for poison, code in (
+        (zero_weights, "teacher.uniform"),
+        (garble, "teacher.fingerprint_mismatch"),
+    ):
+        teacher = tiny_random_qwen3()
+        poison(teacher)
+        guard = build_guard("default")
+        guard.load_state_dict(state, keep_halt=False)
+        assert code in {f.code for f in guard.watch_module_teacher(teacher).check(step)}, code
+
+
+@setup("after-halt-plain")
+def after_halt_plain(ctx: Context) -> None:
+    """The README loop's stand-ins halted at step 5, checked on the rebuilt teacher, and resumed
+    for steps 6 and 7 with nothing new."""
+
+    def check(ns: dict[str, Any]) -> None:
+        assert ns["first"]["code"] == "teacher.uniform" and ns["first"]["step"] == 3
+        assert ns["halt"]["step"] == 5 and ns["saved"]["step"] == 5
+        assert ns["findings"] == []
+        sg = ns["sg"]
+        assert ns["step"] == 7 and not sg.halted and sg.skipped_updates == 3  # the halted run's
+        kinds = [e["kind"] for e in _nothing_new(ctx.cwd / "guard.jsonl")]
+        assert kinds[:2] == ["halt_lifted", "attached"]
+        _broken_teachers_are_caught(ns["saved"]["guard"], 6)
+
+    ctx.check = check
+
+
+@setup("after-halt-trl")
+def after_halt_trl(ctx: Context) -> None:
+    """GKDTrainer on the stand-ins, halted at step 6 (``out/checkpoint-7``), checked on the
+    reloaded teacher, and resumed to step 12 with nothing new."""
+    ctx.stack.enter_context(env_var("TRL_EXPERIMENTAL_SILENCE", "1"))
+
+    def check(ns: dict[str, Any]) -> None:
+        assert ns["halt"]["step"] == 6 and ns["checkpoint"]["path"].endswith("checkpoint-7")
+        assert ns["checkpoint"]["teacher_left_out"]["in_checkpoint"] is False
+        assert ns["findings"] == []
+        guard, trainer = ns["guard"], ns["trainer"]
+        assert trainer.state.global_step == 12 and not guard.guard.halted
+        _nothing_new(ctx.cwd / "guard.jsonl")
+
+    ctx.check = check
+
+
+@setup("after-halt-lightning")
+def after_halt_lightning(ctx: Context) -> None:
+    """The stand-in module halted at step 5, its checkpoint without the teacher, resumed by
+    ``trainer.fit(module, ckpt_path=...)`` alone to step 8 with nothing new."""
+
+    def check(ns: dict[str, Any]) -> None:
+        assert ns["halt"]["step"] == 5
+        left_out = ns["state"]["teacher_left_out"]
+        assert left_out["modules"] == ["teacher"] and left_out["tensors"] == 25
+        assert {k.split(".")[0] for k in ns["saved"]["state_dict"]} == {"student"}
+        assert ns["findings"] == []
+        guard, trainer = ns["guard"], ns["trainer"]
+        assert trainer.global_step == 8 and not guard.guard.halted
+        resumed = _nothing_new(ctx.cwd / "guard.jsonl")
+        (kept,) = [e for e in resumed if e["kind"] == "teacher_kept"]
+        assert kept["checkpoint_left_out"] == left_out
+        _broken_teachers_are_caught(ns["state"]["guard"], 6)
+
+    ctx.check = check
+
+
+RELAX_EVENTS = "/save/opd/distill_guard"
+"""The directory of the Relax launchers' event files the docs show (``$SAVE_DIR/distill_guard``)."""
+
+
+@setup("after-halt-relax")
+def after_halt_relax(ctx: Context) -> None:
+    """The Relax test harness (Relax's step order, the guard's hooks, two gloo trainer ranks, the
+    reference server as the teacher) with the teacher's weights backup off: the guard halts
+    before rollout 0; the snippet reads the event files it wrote."""
+    from distill_guard.testing.tiny import build_tiny_qwen3
+    from tests.conftest import _forkserver_context
+    from tests.integrations import relax_harness
+
+    teacher = build_tiny_qwen3(
+        ctx.cwd / "teacher", vocab_size=relax_harness.VOCAB, embed_std=0.3, max_positions=128
+    )
+    result = relax_harness.run(
+        ctx.cwd, teacher, line="studio", backup=False, steps=1, context=_forkserver_context()
+    )
+    ctx.substitutions[RELAX_EVENTS] = str(result["out"])
+
+    def check(ns: dict[str, Any]) -> None:
+        records = ns["records"]
+        assert {e["rank"] for e in records if e["kind"] == "halt"} == {0, 1}
+        (first, *_) = [e for e in records if e["kind"] == "finding"]
+        assert first["code"] == "teacher.uniform" and first["step"] == 0
+        checkpoints = [e for e in records if e["kind"] == "checkpoint"]
+        assert len(checkpoints) == relax_harness.RANKS
+        assert all(e["teacher_left_out"]["in_checkpoint"] is False for e in checkpoints)
+
+    ctx.check = check
+
+
+def _a_teacher_with_its_backup(ctx: Context) -> None:
+    """A reference server whose teacher keeps its weights across sleep and wake: the fixed one."""
+    ctx.serve(enable_memory_saver=True, enable_cpu_backup=True)
+
+
+setup("after-halt-relax-check")(_a_teacher_with_its_backup)
+setup("after-halt-slime-check")(_a_teacher_with_its_backup)
+
+
+@setup("after-halt-relax-probe")
+def after_halt_relax_probe(ctx: Context) -> None:
+    _a_teacher_with_its_backup(ctx)
+
+    def check(ns: dict[str, Any]) -> None:
+        report = ns["report"]
+        assert report.ok and not report.repaired and len(report.cycles) == 3
+
+    ctx.check = check
