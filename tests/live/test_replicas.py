@@ -261,3 +261,57 @@ def test_without_a_router_the_trainer_routes_by_serving(tiny_dir, reference) -> 
         assert "trainer's replica list" in out.message
     with pytest.raises(GuardValueError, match="min_healthy_replicas"):
         ReplicatedTeacher(make_replicas(["http://127.0.0.1:1"]), reference, min_healthy_replicas=2)
+
+
+@needs_router
+@pytest.mark.parametrize("repairs", [True, False], ids=["repaired", "not-repaired"])
+def test_a_router_that_cannot_take_a_replica_out_halts_unless_it_is_repaired(
+    tiny_dir, reference, repairs
+) -> None:
+    with reference_replicas(tiny_dir, [True, False]) as replicas:
+        with sglang_router([r.url for r in replicas]) as url:
+            router = SGLangRouter(url, timeout_s=2)
+            teacher = _teacher(replicas, reference, router, repair_attempts=1)
+        if not repairs:
+            replicas[1].teacher.reload_weights = lambda *a, **k: (_ for _ in ()).throw(
+                TeacherError("no")
+            )
+        teacher.sleep(0)  # the router is gone now: its worker API does not answer
+        woke = teacher.wake(0)
+        codes = [f.code for f in woke.replicas[1].findings]
+        assert Code.TEACHER_ROUTER_FAILED in codes
+        failed = next(f for f in woke.replicas[1].findings if f.code == Code.TEACHER_ROUTER_FAILED)
+        assert failed.severity is Severity.CRITICAL and "may still route" in failed.message
+        if repairs:  # still routed, but verified: it serves, the run goes on
+            assert woke.replicas[1].state is S and woke.decision.action is not Action.HALT
+        else:
+            assert woke.decision.action is Action.HALT
+            assert "could not be taken out of the router" in woke.decision.message
+
+
+@needs_router
+@pytest.mark.slow
+def test_soak_two_flapping_replicas_never_halt_above_the_bound(tiny_dir, reference) -> None:
+    """20 steps, two replicas that wake zeroed every time, one of whose checkpoint is unreadable
+    at every third step: each quarantined at its wake, readmitted after its verified repair, the
+    router's traffic after each wake spread over the serving replicas only."""
+    with fleet(tiny_dir, [False, True, False, True]) as (replicas, router):
+        reload = replicas[2].teacher.reload_weights
+        step_now = {"step": 0}
+
+        def flaky(*args, **kw):
+            if step_now["step"] % 3 == 2:
+                raise TeacherError("checkpoint unreadable this step")
+            return reload(*args, **kw)
+
+        replicas[2].teacher.reload_weights = flaky
+        teacher = _teacher(replicas, reference, router, min_healthy_replicas=2, repair_attempts=1)
+        for step in range(20):
+            step_now["step"] = step
+            woke = teacher.wake(step)
+            assert woke.decision.action is not Action.HALT
+            serving = set(teacher.serving)
+            routed = _routed(router, replicas, 12)
+            assert all((n > 0) == (r.url in serving) for r, n in zip(replicas, routed))
+            teacher.sleep(step)
+        assert all(r.server.dead_reason is None for r in replicas)
