@@ -161,6 +161,12 @@ class DistillGuardCallback(GuardedCallback, pl.Callback):
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.guard.close()
 
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """The teacher's load pre-hook serves ``fit``'s own restore only."""
+        if self._load_hook is not None:
+            self._load_hook.remove()
+            self._load_hook = None
+
     def state_dict(self) -> dict[str, Any]:
         return {"guard": self.guard.state_dict()}
 
