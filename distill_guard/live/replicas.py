@@ -26,8 +26,17 @@ from typing import TYPE_CHECKING, Any
 
 from distill_guard.errors import GuardValueError
 from distill_guard.findings import Code, Finding, Severity
-from distill_guard.live.canary import Canary
+from distill_guard.live.canary import Canary, teacher_error_finding
 from distill_guard.live.colocate import ColocatedTeacher
+from distill_guard.live.receipts import (
+    GateResult,
+    Verdict,
+    WakeKey,
+    WakeLedger,
+    WakeReceipt,
+    gate,
+    worst,
+)
 from distill_guard.live.repair import EventSink
 from distill_guard.policy import Action, Decision
 from distill_guard.teachers.base import TeacherError
@@ -35,10 +44,12 @@ from distill_guard.teachers.base import TeacherError
 if TYPE_CHECKING:
     from distill_guard.checks.canary import CanaryCheck
     from distill_guard.live.teacher_reference import TeacherReference
+    from distill_guard.teachers.base import ScoreResult
     from distill_guard.teachers.replicas import Replica
     from distill_guard.teachers.sglang_router import RouterWorker, SGLangRouter
 
 log = logging.getLogger("distill_guard")
+WARN = Severity.WARN
 
 
 class ReplicaState(str, enum.Enum):
@@ -174,6 +185,8 @@ class _Member:
     did not list it (then it is not added back: the guard never puts a replica into a router
     that did not route to it)."""
     in_router: bool = False
+    key: WakeKey | None = None
+    """The wake (or the wake's verified repair) whose weights it serves now: its receipts'."""
 
 
 class ReplicatedTeacher:
@@ -221,6 +234,11 @@ class ReplicatedTeacher:
         self.min_healthy_replicas = min_healthy_replicas
         self._emit = on_event or (lambda kind, payload: None)
         self._members: list[_Member] = []
+        self.ledger = WakeLedger()
+        """The verdict of every replica wake, which the gate before the optimizer reads."""
+        self.wakes = 0
+        """Fleet wakes so far (a receipt's ``wake``)."""
+        self._turn = 0
         listed = {w.url for w in router.workers()} if router is not None else set()
         for replica in replicas:
             c = Canary(canary) if canary is not None else Canary()
@@ -249,7 +267,7 @@ class ReplicatedTeacher:
 
     def colocated(self, url: str) -> ColocatedTeacher:
         """The colocated teacher of one replica (its canary, its incidents)."""
-        return next(m.colocated for m in self._members if m.replica.url == url.rstrip("/"))
+        return self._member(url).colocated
 
     def sleep(self, step: int) -> dict[str, list[Finding]]:
         """Fingerprint and release every replica; a quarantined one is released without a
@@ -265,12 +283,47 @@ class ReplicatedTeacher:
 
         All are woken before any is repaired, and all broken ones are out before the first
         repair: the router's traffic meanwhile goes to awake, verified replicas only."""
+        self.wakes += 1
         wakes: list[ReplicaWake] = []
         moves: list[Move] = []
         for m in self._members:
+            m.key = (m.replica.url, self.wakes, 0)
+            self.ledger.open(m.key)
             findings = m.colocated.wake(step)
+            self.ledger.settle(m.key, Verdict.FAILED if broken(findings) else Verdict.HEALTHY)
             wakes.append(ReplicaWake(m.replica.url, m.state, findings=list(findings)))
             moves.append(after_wake(m.state, findings))
+        return self._act(step, wakes, moves)
+
+    def recheck(self, step: int) -> FleetWake:
+        """The canary of every serving replica again, after the step's samples were scored and
+        before the optimizer uses them; a replica that fails it now fails the wake it has
+        served since (its receipts are refused by the gate from now on), is taken out, repaired
+        and readmitted once verified, as at a wake."""
+        wakes: list[ReplicaWake] = []
+        moves: list[Move] = []
+        for m in self._members:
+            findings: list[Finding] = []
+            if m.state is ReplicaState.SERVING:
+                try:
+                    findings = m.colocated.canary.verify(m.replica.teacher, step=step)
+                except TeacherError as e:  # not shown failed: its verdict stands
+                    during = "canary after scoring"
+                    findings = [teacher_error_finding(e, step, during=during, severity=WARN)]
+                if broken(findings) and m.key is not None:
+                    self.ledger.settle(m.key, Verdict.FAILED)
+            wakes.append(ReplicaWake(m.replica.url, m.state, findings=list(findings)))
+            moves.append(after_wake(m.state, findings) if broken(findings) else Move.KEEP)
+        return self._act(step, wakes, moves, settle=False)
+
+    def _act(
+        self,
+        step: int,
+        wakes: list[ReplicaWake],
+        moves: list[Move],
+        *,
+        settle: bool = True,
+    ) -> FleetWake:
         routed = [
             move is Move.QUARANTINE and not self._quarantine(m, step, out)
             for m, out, move in zip(self._members, wakes, moves)
@@ -285,9 +338,52 @@ class ReplicatedTeacher:
             step, self.states, self.min_healthy_replicas, reasons, unquarantined=exposed
         )
         for m in self._members:
-            if m.state is ReplicaState.SERVING:  # its held traffic runs (at a halt it stays held)
+            if settle and m.state is ReplicaState.SERVING:  # its held traffic runs (not at a halt)
                 m.colocated.settle(decision)
         return FleetWake(decision, wakes)
+
+    # -- receipts ----------------------------------------------------------------------------
+
+    def receipt(self, url: str) -> WakeReceipt:
+        """The receipt of a sample the replica at ``url`` scores now (its wake's verdict as it
+        stands); a replica not yet woken gives a pending one."""
+        m = self._member(url)
+        if m.key is None:
+            return WakeReceipt(m.replica.url, self.wakes)
+        _, wake, repair = m.key
+        return WakeReceipt(m.replica.url, wake, self.ledger.get(m.key), repair)
+
+    def routed_receipt(self) -> WakeReceipt:
+        """The receipt of a sample scored through the router: the router's answer does not say
+        which replica served (``docs/sglang-contract.md`` §8, R8), so it names every serving
+        replica's wake; a failure found later in any of them refuses it."""
+        keys = tuple(m.key for m in self._members if m.state is ReplicaState.SERVING and m.key)
+        verdict = worst(self.ledger.get(k) for k in keys) if keys else Verdict.PENDING
+        return WakeReceipt(None, self.wakes, verdict, candidates=keys)
+
+    def score(
+        self, sequences: Sequence[Sequence[int]], **kw: Any
+    ) -> tuple[ScoreResult, WakeReceipt]:
+        """Score on the next serving replica (the guard's own round robin, where the trainer
+        routes) and say which replica and wake scored: ``(result, receipt)``."""
+        serving = [m for m in self._members if m.state is ReplicaState.SERVING]
+        if not serving:
+            raise TeacherError("no teacher replica serves: every one is quarantined")
+        m = serving[self._turn % len(serving)]
+        self._turn += 1
+        receipt = self.receipt(m.replica.url)
+        return m.replica.teacher.score(sequences, **kw), receipt
+
+    def gate(self, receipts: Sequence[WakeReceipt]) -> GateResult:
+        """:func:`~distill_guard.live.receipts.gate` with the verdicts as they are now."""
+        return gate(receipts, self.ledger.verdicts)
+
+    def _member(self, url: str) -> _Member:
+        base = url.rstrip("/")
+        for m in self._members:
+            if m.replica.url == base:
+                return m
+        raise GuardValueError(f"{base} is not a replica of this teacher")
 
     def _mend(self, m: _Member, step: int, out: ReplicaWake, move: Move, routed: bool) -> bool:
         """Repair a broken replica (``move``: quarantine or repair) and readmit it once
@@ -298,6 +394,11 @@ class ReplicatedTeacher:
             cause = [f for f in out.findings if f.severity >= Severity.CRITICAL]
             outcome, _ = m.colocated.repair(step, cause, self._on_repair(m.replica.url))
             out.findings += outcome.findings
+            if outcome.ok and m.key is not None:  # what it serves from now on: the reload's
+                url, wake, repair = m.key
+                m.key = (url, wake, repair + 1)
+                self.ledger.open(m.key)
+                self.ledger.settle(m.key, Verdict.HEALTHY)
             if after_repair(outcome.ok) is None or routed:  # not verified, or never taken out
                 return routed and not outcome.ok
         out.moves.append(Move.READMIT)

@@ -20,7 +20,7 @@ from typing import Any
 
 from distill_guard.errors import GuardRuntimeError
 from distill_guard.extras import require
-from distill_guard.teachers.torch_teacher import TorchTeacher
+from distill_guard.teachers.torch_teacher import TorchTeacher, _EmulatedRegion
 from distill_guard.testing.reference_server import ReferenceServer, serve_in_thread
 from distill_guard.testing.servers import free_port
 
@@ -103,6 +103,26 @@ class ServedReplica:
                 return _served(*args)
 
             setattr(self.server, name, counted)
+
+    def next_wakes(self, *, backup: bool, fault: str = "zeros") -> None:
+        """How its following wakes go on the CPU emulation: weights kept (``backup``), or lost
+        to ``fault`` (``"zeros"`` or ``"garbage"``), as a replica launched without
+        ``--enable-weights-cpu-backup`` wakes."""
+        region = self.teacher._region
+        if not isinstance(region, _EmulatedRegion):
+            raise GuardRuntimeError("next_wakes needs the CPU emulation of the memory saver")
+        region._cpu_backup, region._fault = backup, fault  # type: ignore[assignment]
+
+    def corrupt(self, seed: int = 0) -> None:
+        """Replace its weights with seeded noise while it serves, awake (a bad weight push
+        between two checks): only a canary sent after it sees it."""
+        import torch
+
+        gen = torch.Generator().manual_seed(seed)
+        with self.teacher._lock, torch.no_grad():
+            for p in self.teacher.model.parameters():
+                noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
+                p.copy_(noise.to(p.dtype))
 
 
 @contextlib.contextmanager

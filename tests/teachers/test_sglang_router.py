@@ -185,6 +185,29 @@ def test_row_R7_with_no_worker_listed_generate_answers_503(tiny_dir) -> None:
         assert router.remove(replicas[0].url) is None  # not listed: nothing to take out
 
 
+def test_row_R8_a_routed_answer_does_not_name_the_worker_that_served(fleet) -> None:
+    replicas, url = fleet
+    ports = [str(httpx.URL(r.url).port) for r in replicas]
+    with httpx.Client(timeout=10) as client:
+        direct = client.post(replicas[0].url + "/generate", json=SCORE)
+        added = set()
+        for _ in range(8):  # two rounds of the round robin: every worker served twice
+            routed = client.post(url + "/generate", json=SCORE)
+            assert routed.status_code == 200
+            added |= set(routed.headers) - set(direct.headers)
+            said = " ".join([routed.text, *routed.headers.values()])
+            assert not any(p in said for p in ports) and "127.0.0.1" not in said
+            assert [a["meta_info"].keys() for a in routed.json()] == [
+                d["meta_info"].keys() for d in direct.json()
+            ]
+        assert added == {
+            "x-request-id",
+            "vary",
+            "access-control-allow-origin",
+            "access-control-expose-headers",
+        }
+
+
 def test_router_client_errors_are_typed(tiny_dir) -> None:
     """A worker that never comes back healthy is a RouterError within settle_timeout_s."""
     with (
