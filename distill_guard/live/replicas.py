@@ -18,8 +18,10 @@ API is ``docs/sglang-contract.md`` §8.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -50,6 +52,25 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("distill_guard")
 WARN = Severity.WARN
+
+REPLICA_METRICS: dict[str, str] = {
+    "guard/replicas_healthy": "replicas serving now (verified at their last check)",
+    "guard/replicas_quarantined": "replicas out of the router (or the trainer's list) now",
+    "guard/replica/<id>/serving": "1 while the replica serves, 0 while it is quarantined",
+    "guard/replica/<id>/quarantines": "times it was taken out so far",
+    "guard/replica/<id>/failed_wakes": "its wakes found failed so far, at the wake or later",
+    "guard/replica/<id>/repairs": "its verified repairs so far",
+    "guard/replica/<id>/incidents": "its incidents so far (each alerted once)",
+}
+""":meth:`ReplicatedTeacher.metrics`: totals and states, not per-step counts, as the guard's own
+(:data:`distill_guard.summary.GUARD_METRICS`); under ``guard/``, which the metric resolver never
+takes for a training metric (:func:`distill_guard.metric_names.looks_like`)."""
+
+
+def metric_id(url: str) -> str:
+    """A replica's ``<id>`` in metric names: ``host_port`` (``http://127.0.0.1:30001`` →
+    ``127_0_0_1_30001``), one path segment of letters, digits, ``_`` and ``-``."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", url.split("://", 1)[-1].rstrip("/"))
 
 
 class ReplicaState(str, enum.Enum):
@@ -146,6 +167,11 @@ class ReplicaWake:
     """What was done, in order (``quarantine``, ``repair``, ``readmit``)."""
     findings: list[Finding] = field(default_factory=list)
     """Its wake's, its repair's and its router calls' findings."""
+    alert: Finding | None = None
+    """The one alert of the replica's incident, at the wake that opened it (its quarantine);
+    None at the incident's later wakes (counted in its repairs, as
+    :class:`~distill_guard.live.incidents.IncidentTracker` counts one teacher's) and when
+    nothing failed."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -153,6 +179,7 @@ class ReplicaWake:
             "state": self.state.value,
             "moves": [m.value for m in self.moves],
             "findings": [f.to_dict() for f in self.findings],
+            "alert": self.alert.to_dict() if self.alert is not None else None,
         }
 
 
@@ -167,6 +194,12 @@ class FleetWake:
     def serving(self) -> list[str]:
         """The replicas that get traffic now (where no router routes, give the trainer these)."""
         return [r.url for r in self.replicas if r.state is ReplicaState.SERVING]
+
+    @property
+    def alerts(self) -> list[Finding]:
+        """One per replica incident opened here (the decision notifies only when there is one,
+        or at a halt)."""
+        return [r.alert for r in self.replicas if r.alert is not None]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -187,6 +220,9 @@ class _Member:
     in_router: bool = False
     key: WakeKey | None = None
     """The wake (or the wake's verified repair) whose weights it serves now: its receipts'."""
+    quarantines: int = 0
+    failed_wakes: int = 0
+    """Its wakes (and verified repairs) found failed, at the check after the wake or later."""
 
 
 class ReplicatedTeacher:
@@ -290,7 +326,7 @@ class ReplicatedTeacher:
             m.key = (m.replica.url, self.wakes, 0)
             self.ledger.open(m.key)
             findings = m.colocated.wake(step)
-            self.ledger.settle(m.key, Verdict.FAILED if broken(findings) else Verdict.HEALTHY)
+            self._settle(m, Verdict.FAILED if broken(findings) else Verdict.HEALTHY)
             wakes.append(ReplicaWake(m.replica.url, m.state, findings=list(findings)))
             moves.append(after_wake(m.state, findings))
         return self._act(step, wakes, moves)
@@ -310,8 +346,8 @@ class ReplicatedTeacher:
                 except TeacherError as e:  # not shown failed: its verdict stands
                     during = "canary after scoring"
                     findings = [teacher_error_finding(e, step, during=during, severity=WARN)]
-                if broken(findings) and m.key is not None:
-                    self.ledger.settle(m.key, Verdict.FAILED)
+                if broken(findings):
+                    self._settle(m, Verdict.FAILED)
             wakes.append(ReplicaWake(m.replica.url, m.state, findings=list(findings)))
             moves.append(after_wake(m.state, findings) if broken(findings) else Move.KEEP)
         return self._act(step, wakes, moves, settle=False)
@@ -324,6 +360,10 @@ class ReplicatedTeacher:
         *,
         settle: bool = True,
     ) -> FleetWake:
+        opens = [  # a replica's incident runs from its first failed check to a clean wake
+            move in (Move.QUARANTINE, Move.REPAIR) and m.colocated.incidents.current is None
+            for m, move in zip(self._members, moves)
+        ]
         routed = [
             move is Move.QUARANTINE and not self._quarantine(m, step, out)
             for m, out, move in zip(self._members, wakes, moves)
@@ -333,14 +373,48 @@ class ReplicatedTeacher:
             if move is not Move.KEEP and self._mend(m, step, out, move, still):
                 exposed.append(m.replica.url)
             out.state = m.state
+        for out, new in zip(wakes, opens):
+            if new:
+                out.alert = next(
+                    (f for f in out.findings if f.code == Code.TEACHER_REPLICA_QUARANTINED),
+                    next((f for f in out.findings if f.severity >= Severity.CRITICAL), None),
+                )
         reasons = [f for w in wakes for f in w.findings]
         decision = fleet_decision(
             step, self.states, self.min_healthy_replicas, reasons, unquarantined=exposed
         )
+        if decision.action is Action.ALERT and not any(w.alert for w in wakes):
+            decision = dataclasses.replace(decision, notify=False)  # a known incident's repeat
         for m in self._members:
             if settle and m.state is ReplicaState.SERVING:  # its held traffic runs (not at a halt)
                 m.colocated.settle(decision)
         return FleetWake(decision, wakes)
+
+    def _settle(self, m: _Member, verdict: Verdict) -> None:
+        if m.key is None:
+            return
+        if verdict is Verdict.FAILED and self.ledger.get(m.key) is not Verdict.FAILED:
+            m.failed_wakes += 1
+        self.ledger.settle(m.key, verdict)
+
+    # -- metrics -----------------------------------------------------------------------------
+
+    def metrics(self) -> dict[str, float]:
+        """The fleet's :data:`REPLICA_METRICS`, for the trainer's logger beside the guard's
+        (``guard/replica/<id>/...`` per replica, ``<id>`` its :func:`metric_id`)."""
+        out = {
+            "guard/replicas_healthy": float(len(self.serving)),
+            "guard/replicas_quarantined": float(len(self._members) - len(self.serving)),
+        }
+        for m in self._members:
+            inc = m.colocated.incidents
+            base = f"guard/replica/{metric_id(m.replica.url)}/"
+            out[base + "serving"] = float(m.state is ReplicaState.SERVING)
+            out[base + "quarantines"] = float(m.quarantines)
+            out[base + "failed_wakes"] = float(m.failed_wakes)
+            out[base + "repairs"] = float(m.colocated.repairs)
+            out[base + "incidents"] = float(inc.closed_count + (inc.current is not None))
+        return out
 
     # -- receipts ----------------------------------------------------------------------------
 
@@ -420,6 +494,7 @@ class ReplicatedTeacher:
                 out.findings.append(self._router_failed(step, url, "take it out", e, critical=True))
                 return False
         m.state = ReplicaState.QUARANTINED
+        m.quarantines += 1
         how = (
             f"taken out of router {self.router.url} (DELETE /workers/{m.listed.id})"
             if m.listed is not None and self.router is not None

@@ -5,6 +5,7 @@ hands out, against reference replicas."""
 from __future__ import annotations
 
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -18,8 +19,16 @@ from distill_guard.live.receipts import (
     current,
     gate,
 )
-from distill_guard.live.replicas import Move, ReplicaState, ReplicatedTeacher
+from distill_guard.live.replicas import (
+    REPLICA_METRICS,
+    Move,
+    ReplicaState,
+    ReplicatedTeacher,
+    metric_id,
+)
 from distill_guard.live.teacher_reference import reference_from_checkpoint
+from distill_guard.metric_names import looks_like
+from distill_guard.policy import Action
 from distill_guard.teachers.replicas import make_replicas
 from distill_guard.testing.router import reference_replicas
 from distill_guard.testing.tiny import build_tiny_qwen3
@@ -156,3 +165,53 @@ def test_the_replica_that_scored_is_named_and_a_late_canary_refuses_its_samples(
         routed = teacher.routed_receipt()
         assert set(routed.candidates) == {(replicas[0].url, 1, 0), (replicas[1].url, 1, 1)}
         assert routed.verdict is H and teacher.gate([routed]).admit == (0,)
+
+
+# -- per-replica metrics and one alert per incident per replica ---------------------------
+
+
+def test_one_alert_per_incident_per_replica_and_its_metrics(tiny_dir, reference) -> None:
+    """A replica that wakes zeroed three times in a row is one incident: alerted at its first
+    wake, counted at the next two (the decision does not notify); a clean wake ends it, and its
+    weights going bad later is a new incident, alerted again. The metrics count each."""
+    with reference_replicas(tiny_dir, [True, False]) as replicas:
+        teacher = ReplicatedTeacher(
+            make_replicas([r.url for r in replicas]),
+            reference,
+            canary=CHECK,
+            repair_attempts=1,
+            repair_backoff_s=0.01,
+        )
+        bad = metric_id(replicas[1].url)
+        alerted, notified = [], []
+        for step in range(3):
+            teacher.sleep(step)
+            woke = teacher.wake(step)
+            alerted.append([f.code for f in woke.alerts])
+            notified.append(woke.decision.notify)
+            assert woke.decision.action is Action.ALERT
+        assert alerted == [[Code.TEACHER_REPLICA_QUARANTINED], [], []]
+        assert notified == [True, False, False]
+        m = teacher.metrics()
+        assert m["guard/replicas_healthy"] == 2.0 and m["guard/replicas_quarantined"] == 0.0
+        assert {k.rsplit("/", 1)[1]: v for k, v in m.items() if f"/{bad}/" in k} == {
+            "serving": 1.0,
+            "quarantines": 3.0,
+            "failed_wakes": 3.0,
+            "repairs": 3.0,
+            "incidents": 1.0,
+        }
+        assert m[f"guard/replica/{metric_id(replicas[0].url)}/quarantines"] == 0.0
+        replicas[1].next_wakes(backup=True)
+        teacher.sleep(3)
+        clean = teacher.wake(3)  # unaided: the incident is over
+        assert not clean.alerts and clean.decision.action is Action.CONTINUE
+        replicas[1].corrupt(seed=1)
+        late = teacher.recheck(3)
+        assert [r.alert is not None for r in late.replicas] == [False, True]
+        assert late.decision.notify
+        m = teacher.metrics()
+        assert m[f"guard/replica/{bad}/incidents"] == 2.0
+        assert m[f"guard/replica/{bad}/failed_wakes"] == 4.0
+        assert all(looks_like(k) is None for k in m)  # never taken for a training metric
+        assert set(REPLICA_METRICS) == {re.sub(r"/replica/[^/]+/", "/replica/<id>/", k) for k in m}

@@ -21,7 +21,7 @@ import torch
 
 from distill_guard.checks.canary import CanaryCheck
 from distill_guard.findings import Code
-from distill_guard.live.replicas import Move, ReplicaState, ReplicatedTeacher
+from distill_guard.live.replicas import Move, ReplicaState, ReplicatedTeacher, metric_id
 from distill_guard.live.teacher_reference import reference_from_checkpoint
 from distill_guard.policy import Action
 from distill_guard.teachers.replicas import make_replicas
@@ -86,6 +86,7 @@ def _run(tiny_dir, reference, steps: int, seed: int) -> None:
     student = Student()
     opt = torch.optim.SGD(student.parameters(), lr=0.5)
     poisoned_updates = healthy_dropped = refused_poisoned = updates = 0
+    alerts: list[str] = []
     with (
         reference_replicas(tiny_dir, [True] * 4) as replicas,
         sglang_router([r.url for r in replicas]) as url,
@@ -112,6 +113,7 @@ def _run(tiny_dir, reference, steps: int, seed: int) -> None:
             teacher.sleep(step)
             woke = teacher.wake(step)
             assert woke.decision.action is not Action.HALT
+            alerts += [r.url for r in woke.replicas if r.alert is not None]
             moved = {r.url: r.moves for r in woke.replicas}
             if step in zeroed_at:  # quarantined at the wake of its step, back once verified
                 assert moved[replicas[ZEROED].url] == [Move.QUARANTINE, Move.REPAIR, Move.READMIT]
@@ -127,6 +129,7 @@ def _run(tiny_dir, reference, steps: int, seed: int) -> None:
             scored = [teacher.score([s]) for s in seqs]
             late = teacher.recheck(step)  # the canary after scoring, before the optimizer
             assert late.decision.action is not Action.HALT
+            alerts += [r.url for r in late.replicas if r.alert is not None]
             if step == garbage_at:  # found late, out and back within its own step
                 bad = late.replicas[GARBAGE]
                 assert bad.moves == [Move.QUARANTINE, Move.REPAIR, Move.READMIT]
@@ -154,6 +157,14 @@ def _run(tiny_dir, reference, steps: int, seed: int) -> None:
                 updates += 1
                 poisoned_updates += any(poisoned[i] for i in passed.admit)
         assert all(r.server.dead_reason is None for r in replicas)
+        metrics = teacher.metrics()
+    for r in replicas:  # one alert per incident per replica
+        incidents = metrics[f"guard/replica/{metric_id(r.url)}/incidents"]
+        assert alerts.count(r.url) == incidents
+    assert metrics["guard/replicas_healthy"] == 4.0
+    assert metrics[f"guard/replica/{metric_id(replicas[ZEROED].url)}/failed_wakes"] == len(
+        zeroed_at
+    )
     assert poisoned_updates == 0 and healthy_dropped == 0
     assert refused_poisoned == BATCH // 4  # the garbage replica's samples of its step, all
     assert updates == steps
