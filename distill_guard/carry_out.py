@@ -68,14 +68,22 @@ def safe_decision(stage: Stage, step: int, exc: Exception) -> Decision:
     return Decision(step, safe, (fault,), message=f"{safe.value}: guard fault at {stage}")
 
 
-def decide(guard: DistillGuard, stage: Stage, step: int, findings: list[Finding]) -> Decision:
+def decide(
+    guard: DistillGuard,
+    stage: Stage,
+    step: int,
+    findings: list[Finding],
+    made: Decision | None = None,
+) -> Decision:
     """The decision every rank carries out at ``stage``: the policy's word on this rank's findings,
-    agreed over the ranks, made feasible here, a rewake carried out, recorded and alerted."""
+    agreed over the ranks, made feasible here, a rewake carried out, recorded and alerted.
+    ``made``: this rank's decision where it was already made from the findings (a teacher made
+    of replicas: its fleet's, which handled each broken replica), in place of the policy's."""
     if guard.summary.halt is not None and guard.stop_on_halt:
         return Decision(step, Action.HALT, message=guard.summary.halt.message)
     try:
         guard.record_findings(stage, findings)
-        local = guard.policy.decide(step, findings)
+        local = guard.policy.decide(step, findings) if made is None else made
     except Exception as exc:  # noqa: BLE001 - every rank must still reach the reduction
         local = safe_decision(stage, step, exc)
     decision = _reduce(guard, local) if guard.reducer is not None else local

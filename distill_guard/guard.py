@@ -19,7 +19,7 @@ import dataclasses
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -42,6 +42,9 @@ from distill_guard.stages import Stage
 from distill_guard.summary import GuardSummary
 from distill_guard.teachers.base import Teacher, TeacherError
 from distill_guard.watched_teachers import WatchedTeachers
+
+if TYPE_CHECKING:
+    from distill_guard.live.replicas import FleetWake, ReplicatedTeacher
 
 log = logging.getLogger("distill_guard")
 
@@ -153,6 +156,19 @@ class DistillGuard:
                 self.run = dataclasses.replace(self.run, vocab_size=int(v))
         return colocated
 
+    def attach_replicas(self, teacher: ReplicatedTeacher) -> ReplicatedTeacher:
+        """Give the guard a live teacher made of replicas
+        (:class:`~distill_guard.live.replicas.ReplicatedTeacher`), in place of
+        :meth:`attach_teacher`: :meth:`wake` and :meth:`sleep` drive every replica, the fleet's
+        decision (quarantine, readmission, the halt bound) is the guard's at the wake, and the
+        fleet is in :meth:`state_dict`."""
+        return self.teachers.attach_replicas(teacher)
+
+    @property
+    def replicated(self) -> ReplicatedTeacher | None:
+        """The live teacher made of replicas (:meth:`attach_replicas`), or None."""
+        return self.teachers.replicated
+
     def watch_module_teacher(
         self, module: torch.nn.Module, *, temperature: float | None = None
     ) -> ModuleCanary:
@@ -217,6 +233,12 @@ class DistillGuard:
         dead teacher when the policy says so: ``decision.repaired`` then says it was reloaded
         and verified. Without a live teacher it only runs ``resume``.
         """
+        fleet = self.replicated
+        if fleet is not None:
+            woke: list[FleetWake] = []
+            findings = self._safely("wake", lambda: woke.append(fleet.wake(step)), step)
+            findings = woke[0].findings if woke else findings
+            return self._conclude(Stage.WAKE, step, findings, woke[0].decision if woke else None)
         if self.colocated is None:
             if resume is not None:
                 resume()
@@ -234,6 +256,12 @@ class DistillGuard:
         The fingerprint is the reference of the next :meth:`wake`: taken across one sleep, so
         teachers whose weights move between steps (EMA) are judged correctly.
         """
+        fleet = self.replicated
+        if fleet is not None:
+            slept = self._safely(
+                "sleep", lambda: [f for fs in fleet.sleep(step).values() for f in fs], step
+            )
+            return self._conclude(Stage.SLEEP, step, slept)
         if self.colocated is None:
             if release is not None:
                 release()
@@ -307,6 +335,8 @@ class DistillGuard:
     @property
     def repairs(self) -> int:
         """Verified repairs of the teacher over the run."""
+        if self.replicated is not None:
+            return self.replicated.repairs
         return self.colocated.repairs if self.colocated is not None else 0
 
     @property
@@ -430,14 +460,16 @@ class DistillGuard:
             log.exception("distill_guard: %s raised", who)
             return [internal_error(who, exc, step, "the guard skipped it this step")]
 
-    def _conclude(self, stage: Stage, step: int, findings: list[Finding]) -> Decision:
+    def _conclude(
+        self, stage: Stage, step: int, findings: list[Finding], made: Decision | None = None
+    ) -> Decision:
         """The one place a decision is made; a fault of the guard's own here becomes
         ``guard.internal_error`` and a safe decision, never an exception in the trainer."""
         self._announce()
         if self.teachers.pending:
             findings, self.teachers.pending = [*self.teachers.pending, *findings], []
         try:
-            return decide(self, stage, step, findings)
+            return decide(self, stage, step, findings, made)
         except Exception as exc:  # noqa: BLE001 - fail safe by design
             return safe_decision(stage, step, exc)
 

@@ -299,6 +299,18 @@ def _check_teachers(state: Mapping[str, Any]) -> None:
         _stage_incidents(state["incidents"], "incidents")
     if state.get("module_canary") is not None:
         _stage_canary(state["module_canary"], "module_canary", reference)
+    if state.get("replicas") is not None:  # a teacher made of replicas: each one's own
+        fleet = _mapping(state["replicas"], "replicas")
+        members = _mapping(fleet.get("replicas", {}), "replicas.replicas")
+        for url, saved in members.items():
+            where = f"replicas.replicas.{url}.colocated"
+            colocated = _mapping(
+                _mapping(saved, f"replicas.replicas.{url}").get("colocated", {}), where
+            )
+            if "canary" in colocated:
+                _stage_canary(colocated["canary"], f"{where}.canary", reference)
+            if "incidents" in colocated:
+                _stage_incidents(colocated["incidents"], f"{where}.incidents")
 
 
 def _stage_canary(saved: Any, path: str, reference: TeacherReference | None) -> None:

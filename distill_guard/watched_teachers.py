@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -30,10 +30,13 @@ from distill_guard.live.teacher_reference import (
 )
 from distill_guard.teachers.base import Teacher
 
+if TYPE_CHECKING:
+    from distill_guard.live.replicas import ReplicatedTeacher
+
 LIVE_STATE_KEYS = ("canary", "incidents")
 """The keys of a live teacher's state in the guard's state (:meth:`ColocatedTeacher.state_dict`)."""
 
-TEACHER_STATE_KEYS = (*LIVE_STATE_KEYS, "module_canary", "teacher_reference")
+TEACHER_STATE_KEYS = (*LIVE_STATE_KEYS, "module_canary", "teacher_reference", "replicas")
 """Every key :meth:`WatchedTeachers.state_dict` adds to the guard's state (the guard refuses a
 state with a top-level key that is neither one of these nor one of its own)."""
 
@@ -70,6 +73,10 @@ class WatchedTeachers:
         """The teacher's reference from outside the run, once made (kept in the state)."""
         self.colocated: ColocatedTeacher | None = None
         self.module_canary: ModuleCanary | None = None
+        self.replicated: ReplicatedTeacher | None = None
+        """A live teacher made of replicas (:meth:`attach_replicas`), in place of
+        :attr:`colocated`."""
+        self._replicas_state: dict[str, Any] | None = None
         self.pending: list[Finding] = []
         """Findings made outside a hook (a reference that could not be had), said at the next."""
         self._live_state: dict[str, Any] | None = None
@@ -98,6 +105,16 @@ class WatchedTeachers:
             self.colocated.load_state_dict(self._live_state)
         self._install(self.colocated.canary, temperature, lambda: server_checkpoint(teacher))
         return self.colocated
+
+    def attach_replicas(self, replicated: ReplicatedTeacher) -> ReplicatedTeacher:
+        """The live teacher made of replicas, with a loaded state's fleet (each replica is held
+        against ``replicated.reference``, which it was made with)."""
+        self.replicated = replicated
+        if self.reference is None:
+            self.reference = replicated.reference
+        if self._replicas_state is not None:
+            replicated.load_state_dict(self._replicas_state)
+        return replicated
 
     def watch_module(
         self,
@@ -149,6 +166,8 @@ class WatchedTeachers:
             state |= self.colocated.state_dict()
         if self.module_canary is not None:
             state["module_canary"] = self.module_canary.state_dict()
+        if self.replicated is not None:
+            state["replicas"] = self.replicated.state_dict()
         if self.reference is not None:
             state["teacher_reference"] = self.reference.to_dict()
         return state
@@ -161,6 +180,9 @@ class WatchedTeachers:
         self._live_state = {k: state[k] for k in LIVE_STATE_KEYS if k in state}
         if self.colocated is not None:
             self.colocated.load_state_dict(self._live_state)
+        self._replicas_state = state.get("replicas")
+        if self.replicated is not None and self._replicas_state is not None:
+            self.replicated.load_state_dict(self._replicas_state)
         self._module_state = state.get("module_canary")
         if self.module_canary is not None and self._module_state is not None:
             self.module_canary.load_state_dict(self._module_state)

@@ -196,6 +196,11 @@ class FleetWake:
         return [r.url for r in self.replicas if r.state is ReplicaState.SERVING]
 
     @property
+    def findings(self) -> list[Finding]:
+        """Every replica's findings, in the replicas' order."""
+        return [f for r in self.replicas for f in r.findings]
+
+    @property
     def alerts(self) -> list[Finding]:
         """One per replica incident opened here (the decision notifies only when there is one,
         or at a halt)."""
@@ -415,6 +420,57 @@ class ReplicatedTeacher:
             out[base + "repairs"] = float(m.colocated.repairs)
             out[base + "incidents"] = float(inc.closed_count + (inc.current is not None))
         return out
+
+    @property
+    def repairs(self) -> int:
+        """Verified repairs of every replica over the run."""
+        return sum(m.colocated.repairs for m in self._members)
+
+    # -- resume ------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs: the wake count, the ledger, and per replica (by address)
+        its state, its router entry while it is out, its counts and its colocated state
+        (canary, incidents)."""
+        return {
+            "wakes": self.wakes,
+            "ledger": self.ledger.state_dict(),
+            "replicas": {
+                m.replica.url: {
+                    "state": m.state.value,
+                    "in_router": m.in_router,
+                    "listed": dataclasses.asdict(m.listed) if m.listed is not None else None,
+                    "key": list(m.key) if m.key is not None else None,
+                    "quarantines": m.quarantines,
+                    "failed_wakes": m.failed_wakes,
+                    "colocated": m.colocated.state_dict(),
+                }
+                for m in self._members
+            },
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a saved fleet; a replica the state does not name keeps its own (a replica
+        added since), one it names that is not here is ignored. A replica saved out of the
+        router stays out until verified: the router is told nothing at the load."""
+        from distill_guard.teachers.sglang_router import RouterWorker
+
+        self.wakes = int(state.get("wakes", self.wakes))
+        if "ledger" in state:
+            self.ledger.load_state_dict(state["ledger"])
+        saved = state.get("replicas", {})
+        for m in self._members:
+            mine = saved.get(m.replica.url)
+            if mine is None:
+                continue
+            m.state = ReplicaState(mine.get("state", m.state.value))
+            m.in_router = bool(mine.get("in_router", m.in_router))
+            m.listed = RouterWorker(**mine["listed"]) if mine.get("listed") else None
+            key = mine.get("key")
+            m.key = (str(key[0]), int(key[1]), int(key[2])) if key else None
+            m.quarantines = int(mine.get("quarantines", 0))
+            m.failed_wakes = int(mine.get("failed_wakes", 0))
+            m.colocated.load_state_dict(mine.get("colocated", {}))
 
     # -- receipts ----------------------------------------------------------------------------
 
