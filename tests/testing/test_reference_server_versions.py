@@ -336,6 +336,35 @@ def test_held_while_paused(serve, version) -> None:
     assert held.is_alive()
     assert s.post("/continue_generation", {}).status_code == 200
     assert finish(held.result())["type"] == "length" and s.alive()
+    # /health's 1-token generation is held too (§7.6): 503 once SGLang's health timeout
+    # passes, the forward never run; let go within it, it runs then and answers 200
+    s.server.health_timeout_s = 0.3
+    forwards = _counting_forwards(s)
+    assert s.post("/pause_generation", {}).status_code == 200
+    t0 = time.monotonic()
+    assert s.get("/health").status_code == 503 == s.get("/health_generate").status_code
+    assert time.monotonic() - t0 >= 0.6 and forwards == [] and s.alive()
+    s.server.health_timeout_s = 10.0
+    health = threading.Thread(target=lambda: forwards.append(s.get("/health").status_code))
+    health.start()
+    time.sleep(0.2)
+    assert health.is_alive() and forwards == []
+    assert s.post("/continue_generation", {}).status_code == 200
+    health.join(5)
+    assert forwards == ["forward", 200] and s.alive()
+
+
+def _counting_forwards(s: Served) -> list:
+    """The reference server's health forwards, as they run (appended to the list returned)."""
+    ran: list = []
+    guard = s.server._forward_guard
+
+    def counted(*args, **kw):
+        ran.append("forward")
+        return guard(*args, **kw)
+
+    s.server._forward_guard = counted
+    return ran
 
 
 @pytest.mark.parametrize("version", representatives("release_check"))

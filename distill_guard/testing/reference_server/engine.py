@@ -113,6 +113,9 @@ class ReferenceServer:
         self.started = time.time()
         self.on_fatal: Callable[[], None] = lambda: None
         """Set by the serving layer: what happens to the process when the scheduler dies."""
+        self.health_timeout_s = 20.0
+        """How long ``/health`` waits for an answer: SGLang's ``SGLANG_HEALTH_CHECK_TIMEOUT``
+        (20 s); tests shorten it."""
 
     @property
     def latency_s(self) -> float:
@@ -354,9 +357,25 @@ class ReferenceServer:
         """``/health``, ``/health_generate``: awake, 200 without looking at the output (zeroed
         weights pass). Released, per ``caps.health_while_released``: KILLS_FORWARD runs the
         1-token request over released memory; SKIPPED_503 (0.5.1–0.5.9) skips it and SGLang
-        answers 503 after its 20 s timeout, here at once."""
+        answers 503 after its 20 s timeout, here at once.
+
+        While paused, its 1-token request is held like any generation (the version table's
+        ``held_while_paused`` row; ``docs/sglang-contract.md`` §7.6): the forward runs once
+        ``/continue_generation`` comes within :attr:`health_timeout_s`, over whatever memory
+        the server has then; otherwise 503 and the request is dropped, never run."""
         self.check_alive()
         with self.scheduler.loop:
+            if self.scheduler.hold:  # only ever set where a pause exists (0.4.9+)
+                let_go = self.scheduler.loop.wait_for(
+                    lambda: not self.scheduler.hold or self.scheduler.dead is not None,
+                    timeout=self.health_timeout_s,
+                )
+                self.check_alive()
+                if not let_go:
+                    raise Unhealthy(
+                        "the health check's generation was held by the pause for "
+                        f"{self.health_timeout_s:g} s (SGLANG_HEALTH_CHECK_TIMEOUT)"
+                    )
             released = self.teacher.sleep_state.released
             if released and self.caps.health_while_released is Outcome.SKIPPED_503:
                 raise Unhealthy("the health check's generation was skipped: memory is released")
