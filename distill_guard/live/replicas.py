@@ -248,6 +248,12 @@ class ReplicatedTeacher:
         tags: the memory tags to release and resume (None: all).
         on_event: receives ``replica.quarantined``, ``replica.readmitted``,
             ``replica.router_failed`` and every repair event, each with the replica's ``url``.
+
+    Around a step: :meth:`wake`, then the samples scored by :meth:`score` (each with its
+    :class:`~distill_guard.live.receipts.WakeReceipt`; :meth:`routed_receipt` for one scored
+    through the router), :meth:`recheck` after the scoring, :meth:`gate` before the optimizer,
+    :meth:`sleep`; :meth:`metrics` for the logger. Driven by the guard:
+    :meth:`DistillGuard.attach_replicas <distill_guard.guard.DistillGuard.attach_replicas>`.
     """
 
     def __init__(
@@ -280,6 +286,7 @@ class ReplicatedTeacher:
         self.wakes = 0
         """Fleet wakes so far (a receipt's ``wake``)."""
         self._turn = 0
+        self._checking = "after its wake"
         listed = {w.url for w in router.workers()} if router is not None else set()
         for replica in replicas:
             c = Canary(canary) if canary is not None else Canary()
@@ -355,7 +362,11 @@ class ReplicatedTeacher:
                     self._settle(m, Verdict.FAILED)
             wakes.append(ReplicaWake(m.replica.url, m.state, findings=list(findings)))
             moves.append(after_wake(m.state, findings) if broken(findings) else Move.KEEP)
-        return self._act(step, wakes, moves, settle=False)
+        self._checking = "after scoring (its wake's samples are refused)"
+        try:
+            return self._act(step, wakes, moves, settle=False)
+        finally:
+            self._checking = "after its wake"
 
     def _act(
         self,
@@ -560,7 +571,7 @@ class ReplicatedTeacher:
             Finding(
                 Code.TEACHER_REPLICA_QUARANTINED,
                 Severity.WARN,
-                f"Teacher replica {m.replica.name} failed its check after its wake "
+                f"Teacher replica {m.replica.name} failed its check {self._checking} "
                 f"({', '.join(codes)}) and was {how}: it serves no sample until it is repaired "
                 "and verified against the checkpoint's reference. The run trains on the "
                 f"{len(self.serving)} other serving replica(s) meanwhile.",

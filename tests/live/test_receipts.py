@@ -157,7 +157,8 @@ def test_the_replica_that_scored_is_named_and_a_late_canary_refuses_its_samples(
         assert teacher.gate(receipts).to_dict() == {"admit": [0, 2], "refuse": [1, 3], "hold": []}
         bad = late.replicas[1]
         assert bad.moves == [Move.QUARANTINE, Move.REPAIR, Move.READMIT]
-        assert Code.TEACHER_REPLICA_QUARANTINED in {f.code for f in bad.findings}
+        out = next(f for f in bad.findings if f.code == Code.TEACHER_REPLICA_QUARANTINED)
+        assert "failed its check after scoring (its wake's samples are refused)" in out.message
         assert bad.state is ReplicaState.SERVING and late.replicas[0].moves == []
         after = teacher.receipt(replicas[1].url)
         assert (after.wake, after.repair, after.verdict) == (1, 1, H)
