@@ -322,6 +322,39 @@ def replicas_probe(ctx: Context) -> None:
     ctx.substitutions[URL] = ctx.stack.enter_context(sglang_router([r.url for r in served]))
 
 
+@setup("mopd-routes")
+def mopd_routes(ctx: Context) -> None:
+    """Two routes over two different tiny checkpoints, each behind its own real sglang-router:
+    math's two replicas (the second wakes zeroed at every wake), code's one."""
+    import pytest
+
+    pytest.importorskip("sglang_router", reason="pip install 'distill_guard[router]'")
+    from distill_guard.testing.router import reference_replicas, sglang_router
+
+    ckpts = {}
+    for name, seed in (("math", 0), ("code", 1)):
+        ckpts[name] = build_tiny_qwen3(ctx.cwd / f"{name}-teacher", vocab_size=512, seed=seed)
+        ctx.substitutions[f"/ckpt/{name}-teacher"] = str(ckpts[name])
+    math = ctx.stack.enter_context(reference_replicas(ckpts["math"], [True, False]))
+    code = ctx.stack.enter_context(reference_replicas(ckpts["code"], [True]))
+    routers = {"30000": math, "31000": code}
+    for port, served in routers.items():
+        router = ctx.stack.enter_context(sglang_router([r.url for r in served]))
+        ctx.substitutions[f"http://127.0.0.1:{port}"] = router
+
+    def check(ns: dict[str, Any]) -> None:
+        woke, routes = ns["woke"], ns["routes"]
+        assert ns["step"] == 2 and woke.decision.action.value == "alert" and not routes.down
+        zeroed = next(w for w in woke.routes["math"].replicas if w.url == math[1].url)
+        assert [m.value for m in zeroed.moves] == ["quarantine", "repair", "readmit"]
+        assert [r.moves for r in woke.routes["code"].replicas] == [[]]
+        assert [r.route for r in ns["receipts"]] == ["math", "code"]
+        assert list(ns["admitted"]) == [0, 1]
+        assert all(r.server.dead_reason is None for r in math + code)
+
+    ctx.check = check
+
+
 @setup("sglang-engine")
 def sglang_engine(ctx: Context) -> None:
     """``sglang`` stands in as a module whose ``Engine`` has sglang.Engine's signatures over a
