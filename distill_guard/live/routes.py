@@ -6,8 +6,9 @@ A route (``"math"``, ``"code"``) is one teacher: a
 checkpoint's reference and its own ``min_healthy_replicas``, as Relax runs one
 ``TeacherManager`` per teacher. :class:`TeacherRoutes` sleeps, wakes and rechecks each route's
 teacher by itself; a route that fails (below its bound, or its teacher unreachable) is *down*:
-its samples are refused and not scored, and the other routes train on. Only a route marked
-``required``, or every route down at once, halts the run (:func:`routes_decision`, pure)::
+it scores nothing (:meth:`TeacherRoutes.score` raises), what its failed wakes scored is refused,
+and the other routes train on. Only a route marked ``required``, or every route down at once,
+halts the run (:func:`routes_decision`, pure)::
 
     each route ─► its fleet's decision ─► halt? ─► required ─► the run halts
                                                 └► not ───► the route is down, the rest train
@@ -119,7 +120,7 @@ def routes_decision(
         return Decision(step, Action.CONTINUE, reasons, message=f"routes up: {', '.join(up)}")
     notify = bool(set(down) - before) or any(d.notify for d in alerting)
     message = f"routes up: {', '.join(up)}" + (
-        f"; down: {', '.join(down)} (their samples are refused)" if down else ""
+        f"; down: {', '.join(down)} (they score nothing until a wake verifies them)" if down else ""
     )
     return Decision(step, Action.ALERT, reasons, message=message, notify=notify)
 

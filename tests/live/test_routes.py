@@ -12,8 +12,8 @@ import pytest
 from distill_guard.checks.canary import CanaryCheck
 from distill_guard.errors import GuardError, GuardValueError
 from distill_guard.findings import Code, Finding, Severity
-from distill_guard.live.receipts import Verdict, WakeReceipt
-from distill_guard.live.replicas import Move, ReplicatedTeacher
+from distill_guard.live.receipts import Verdict, WakeLedger, WakeReceipt
+from distill_guard.live.replicas import FleetWake, Move, ReplicatedTeacher
 from distill_guard.live.routes import (
     Route,
     RouteDownError,
@@ -25,6 +25,7 @@ from distill_guard.live.routes import (
 from distill_guard.live.teacher_reference import reference_from_checkpoint
 from distill_guard.metric_names import looks_like
 from distill_guard.policy import Action, Decision
+from distill_guard.teachers.base import TeacherError
 from distill_guard.teachers.replicas import make_replicas
 from distill_guard.testing.router import reference_replicas
 from distill_guard.testing.tiny import build_tiny_qwen3
@@ -85,6 +86,42 @@ def test_the_gate_judges_each_receipt_by_its_own_routes_ledger() -> None:
     receipts = [RouteReceipt("math", r), RouteReceipt("code", r), RouteReceipt("chat", r)]
     g = route_gate(receipts, {"math": {key: F}, "code": {key: H}})
     assert (g.admit, g.refuse, g.hold) == ((1,), (0,), (2,))
+
+
+class _Fleet:
+    """A stand-in for a route's ReplicatedTeacher: clean, or unreachable at every call."""
+
+    def __init__(self, url: str, *, unreachable: bool = False) -> None:
+        self.urls, self.unreachable, self.ledger = [url], unreachable, WakeLedger()
+
+    def _call(self, step: int) -> FleetWake:
+        if self.unreachable:
+            raise TeacherError("connection refused")
+        return FleetWake(Decision(step, Action.CONTINUE), [])
+
+    wake = recheck = _call
+
+    def sleep(self, step: int) -> dict[str, list[Finding]]:
+        self._call(step)
+        return {}
+
+
+def test_a_route_whose_teacher_cannot_be_reached_is_down_alone() -> None:
+    """Math's teacher raises at its sleep and its wake: reported (never raised) and math is
+    down, alerted once; code's wake and recheck run as if math were not there."""
+    mopd = TeacherRoutes(
+        [
+            Route("math", _Fleet("http://m:1", unreachable=True)),  # type: ignore[arg-type]
+            Route("code", _Fleet("http://c:1")),  # type: ignore[arg-type]
+        ]
+    )
+    slept = mopd.sleep(0)
+    assert [f.code for f in slept["math"]] == [Code.TEACHER_UNREACHABLE] and slept["code"] == []
+    first, again = mopd.wake(0), mopd.wake(1)
+    assert first.down == again.down == ["math"] and first.routes["math"] is None
+    assert first.decision.action is again.decision.action is Action.ALERT
+    assert (first.decision.notify, again.decision.notify) == (True, False)
+    assert mopd.recheck(1).decision.action is Action.ALERT
 
 
 # -- two routes, two checkpoints, on loopback -----------------------------------------------
@@ -175,7 +212,7 @@ def test_one_routes_failed_wake_refuses_only_its_samples_and_the_state_keeps_eac
 def test_a_swapped_route_is_a_failure_and_downs_only_that_route(checkpoints, references) -> None:
     """Math's replica serves code's checkpoint (the routes swapped at launch): held to math's
     reference it fails, its repair reloads the same wrong weights, so math is down (below its
-    bound) and refuses samples; code trains on. Were math required, the run would halt."""
+    bound) and scores nothing; code trains on. Were math required, the run would halt."""
     with (
         reference_replicas(checkpoints["code"], [True]) as swapped,
         reference_replicas(checkpoints["code"], [True]) as code,
