@@ -110,6 +110,16 @@ def _free_outside_regions_at_exit(tms) -> None:
     atexit.register(set_flag)
 
 
+@functools.cache
+def _takes_logits_to_keep(model_type: type) -> bool:
+    import inspect
+
+    try:
+        return "logits_to_keep" in inspect.signature(model_type.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def _use_tms(device: torch.device, enable_memory_saver: bool) -> bool:
     if not enable_memory_saver or device.type != "cuda":
         return False
@@ -229,8 +239,8 @@ class TorchTeacher(TrackedTeacher):
                     raise TeacherError(
                         f"token id {int(ids.max())} is outside the vocabulary (V={v})"
                     )
-                logits = self.model(input_ids=ids, use_cache=False).logits
-                logits = logits[:, logprob_start_len:-1, : v or logits.shape[-1]].float()
+                logits = self._logits_from(ids, logprob_start_len)
+                logits = logits[:, :-1, : v or logits.shape[-1]].float()
                 logp = torch.log_softmax(logits, dim=-1)
                 targets = ids[:, logprob_start_len + 1 :]
                 token = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
@@ -246,6 +256,15 @@ class TorchTeacher(TrackedTeacher):
                 [t for t in tvals if t is not None] if top_k > 0 else None,
                 [t for t in tids if t is not None] if top_k > 0 else None,
             )
+
+    def _logits_from(self, ids: torch.Tensor, start: int) -> torch.Tensor:
+        """The logits at positions ``start ..`` of ``ids`` ``[B, L]``, the same logits either
+        way. A model that takes ``logits_to_keep`` (transformers' causal LMs) runs its output
+        layer on those positions only, not on the whole prompt before them."""
+        if start > 0 and _takes_logits_to_keep(type(self.model)):
+            kept = self.model(input_ids=ids, use_cache=False, logits_to_keep=ids.shape[1] - start)
+            return kept.logits
+        return self.model(input_ids=ids, use_cache=False).logits[:, start:]
 
     def _score_token_ids(
         self, sequences: list[list[int]], token_ids: list[list[int]], logprob_start_len: int

@@ -258,11 +258,19 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     bounds = Bounds(beta=ctx["arm_cfg"].beta, vocab_size=ctx["reference"].vocab_size)
     plot_timeline(traces, summaries, bounds, out / "timeline.png", fault)
     print(format_table(summaries, fault))
-    print(
-        f"\nwritten: {out / 'summary.json'}, {out / 'timeline.png'}, events_<arm>.jsonl "
-        f"({result['seconds']:.0f} s)"
-    )
+    print(f"\nwritten: {', '.join(map(str, written_files(cfg)))} ({result['seconds']:.0f} s)")
     return result
+
+
+def written_files(cfg: DictConfig) -> list[Path]:
+    """What ``run`` writes under ``out_dir``, as its last line names it: the summary, the plot,
+    each arm's event file and, unless disabled, the folder of the wandb runs."""
+    out = Path(cfg.out_dir)
+    files = [out / "summary.json", out / "timeline.png"]
+    files += [out / f"events_{name}.jsonl" for name in cfg.arms]
+    if cfg.wandb.mode != "disabled":
+        files.append(out / "wandb")
+    return files
 
 
 @hydra.main(config_path="../../conf", config_name="sdpo_sciknoweval", version_base="1.3")

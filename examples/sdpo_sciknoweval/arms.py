@@ -32,7 +32,7 @@ from distill_guard.alerts import Alerter
 from distill_guard.config import build_guard
 from distill_guard.observations import Metric
 from distill_guard.teachers import Teacher
-from examples.sdpo_sciknoweval.faults import FaultyScorer, check_fault
+from examples.sdpo_sciknoweval.faults import FaultyScorer, Starts, check_fault, score_each
 from examples.sdpo_sciknoweval.run_arm import ArmConfig, run_arm
 
 ARMS = ("healthy", "unguarded", "guarded")
@@ -93,7 +93,7 @@ more than this on average (a dead teacher is nats away; numerics, even bf16 over
 def scores_differ(
     reference: Teacher,
     sequences: list[list[int]],
-    logprob_start_len: int,
+    logprob_start_len: Starts,
     top: torch.Tensor,
     tokens: torch.Tensor | None,
     sample_index: torch.Tensor,
@@ -103,7 +103,7 @@ def scores_differ(
     response positions of each sample in ``sample_index``) strays from what ``reference``, the
     healthy teacher checkpoint in process, gives on the same sequences. One definition for every
     kind of teacher: it reads the numbers, never the teacher object."""
-    ref = reference.score(sequences, top_k=top.shape[1], logprob_start_len=logprob_start_len)
+    ref = score_each(reference, sequences, top.shape[1], logprob_start_len)
     assert ref.topk_logprobs is not None
     for b in range(len(sequences)):
         rows = sample_index == b
@@ -168,7 +168,7 @@ def run_guarded_arm(
         guard.wake(step)
         note()
 
-    def score(seqs: list[list[int]], top_k: int, start: int):
+    def score(seqs: list[list[int]], top_k: int, start: Starts):
         scored.clear()
         scored.update(sequences=seqs, logprob_start_len=start)
         result = scorer(seqs, top_k, start)

@@ -73,9 +73,37 @@ def garbage_replica(teacher_dir: str | Path, seed: int) -> TorchTeacher:
     return TorchTeacher(model, enable_memory_saver=False)
 
 
+Starts = int | Sequence[int]
+"""``logprob_start_len``: one for every sequence, or one per sequence (SGLang's is per request)."""
+
+
+def score_each(
+    teacher: Teacher, sequences: Sequence[Sequence[int]], top_k: int, starts: Starts
+) -> ScoreResult:
+    """``teacher.score`` with each sequence scored from its own start: one call per distinct
+    start (the requests of one batch, each with its own ``logprob_start_len``), the rows given
+    back in input order. A trainer that needs only the response positions asks for just those."""
+    seqs = [list(s) for s in sequences]
+    if isinstance(starts, int):
+        return teacher.score(seqs, top_k=top_k, logprob_start_len=starts)
+    if len(starts) != len(seqs):
+        raise ValueError(f"{len(starts)} starts for {len(seqs)} sequences")
+    groups: dict[int, list[int]] = {}
+    for i, start in enumerate(starts):
+        groups.setdefault(int(start), []).append(i)
+    if len(groups) == 1:
+        return teacher.score(seqs, top_k=top_k, logprob_start_len=int(starts[0]))
+    rows: dict[int, tuple] = {}
+    for start, idx in groups.items():
+        r = teacher.score([seqs[i] for i in idx], top_k=top_k, logprob_start_len=start)
+        rows |= {i: _row(r, j) for j, i in enumerate(idx)}
+    return _join([rows[i] for i in range(len(seqs))])
+
+
 class FaultyScorer:
     """The teacher's scores as the trainer receives them under ``fault``: a drop-in for
-    ``teacher.score(sequences, top_k=..., logprob_start_len=...)``.
+    ``teacher.score(sequences, top_k=..., logprob_start_len=...)`` whose start may also be one
+    per sequence (:func:`score_each`).
 
     ``vocab_size`` is the tokenizer's for ``vocab_mismatch``: its ids are permuted, the ids of
     the model's padded logits beyond it (which a sampling student can emit) are left as they are;
@@ -108,18 +136,23 @@ class FaultyScorer:
         return [i for i in range(n) if i % REPLICAS == REPLICAS - 1]
 
     def __call__(
-        self, sequences: Sequence[Sequence[int]], top_k: int, logprob_start_len: int
+        self, sequences: Sequence[Sequence[int]], top_k: int, logprob_start_len: Starts
     ) -> ScoreResult:
         seqs = [list(s) for s in sequences]
+        starts = (
+            [logprob_start_len] * len(seqs)
+            if isinstance(logprob_start_len, int)
+            else [int(s) for s in logprob_start_len]
+        )
         if self.fault == "vocab_mismatch":
             assert self.permutation is not None
             perm, v = self.permutation.tolist(), len(self.permutation)
             mapped = [[perm[i] if i < v else i for i in s] for s in seqs]
-            return self._score(self.teacher, mapped, top_k, logprob_start_len)
+            return score_each(self.teacher, mapped, top_k, starts)
         if self.fault == "off_by_one":
             # One more row at the front, the last one dropped: row j is the teacher's view of the
             # token before the one it is paired with.
-            r = self._score(self.teacher, seqs, top_k, logprob_start_len - 1)
+            r = score_each(self.teacher, seqs, top_k, [s - 1 for s in starts])
             return _map_rows(r, lambda t: t[:-1])
         if self.fault == "partial":
             assert self.replica is not None
@@ -128,14 +161,10 @@ class FaultyScorer:
             parts = {}
             for who, rows in ((self.teacher, good), (self.replica, sorted(bad))):
                 if rows:
-                    r = self._score(who, [seqs[i] for i in rows], top_k, logprob_start_len)
+                    r = score_each(who, [seqs[i] for i in rows], top_k, [starts[i] for i in rows])
                     parts |= {i: _row(r, j) for j, i in enumerate(rows)}
             return _join([parts[i] for i in range(len(seqs))])
-        return self._score(self.teacher, seqs, top_k, logprob_start_len)
-
-    @staticmethod
-    def _score(teacher: Teacher, seqs: list[list[int]], top_k: int, start: int) -> ScoreResult:
-        return teacher.score(seqs, top_k=top_k, logprob_start_len=start)
+        return score_each(self.teacher, seqs, top_k, starts)
 
 
 def _map_rows(r: ScoreResult, fn: Any) -> ScoreResult:

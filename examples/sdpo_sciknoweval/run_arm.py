@@ -35,10 +35,11 @@ from examples.sdpo_sciknoweval.opd import (
 from examples.sdpo_sciknoweval.pretrain import PretrainConfig, load_pretrained
 from examples.sdpo_sciknoweval.tokenizer import WordTokenizer, build_tokenizer
 
-Scorer = Callable[[list[list[int]], int, int], tuple[list[torch.Tensor], ...]]
+Scorer = Callable[[list[list[int]], int, int | list[int]], tuple[list[torch.Tensor], ...]]
 """``score(sequences, top_k, logprob_start_len)`` → per sequence ``[n, top_k]`` top-k ids and
 log-probs, optionally followed by ``[n]`` log-probs of the tokens there (``ScoreResult`` order:
-``topk_ids, topk_logprobs[, token_logprobs]``)."""
+``topk_ids, topk_logprobs[, token_logprobs]``). ``logprob_start_len`` is one for all sequences
+or one per sequence (SGLang's is per request)."""
 Check = Callable[..., bool]
 """``check(step, teacher_top16_logprobs [N, k], teacher_token_logprobs [N] or None, *,
 topk_ids [N, k], token_ids [N], sample_index [N])`` after scoring and before the update, over the
@@ -83,7 +84,8 @@ class HFTeacherScorer:
 
     For each sequence it returns ``[n, top_k]`` ids and log-probs, sorted by log-prob, for the
     tokens at positions ``logprob_start_len + 1 .. len - 1`` (SGLang's entry 0, always null, is
-    left out), so ``logprob_start_len = prompt_len - 1`` gives one row per response token.
+    left out), so ``logprob_start_len = prompt_len - 1`` gives one row per response token. The
+    start is one for every sequence or one per sequence.
     """
 
     def __init__(self, model: PreTrainedModel):
@@ -91,16 +93,21 @@ class HFTeacherScorer:
 
     @torch.no_grad()
     def __call__(
-        self, seqs: list[list[int]], top_k: int, logprob_start_len: int
+        self, seqs: list[list[int]], top_k: int, logprob_start_len: int | list[int]
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         pad_id = self.model.config.pad_token_id
         width = max(len(s) for s in seqs)
         ids = torch.tensor([s + [pad_id] * (width - len(s)) for s in seqs])
         hidden = self.model.get_decoder()(input_ids=ids).last_hidden_state
         head = self.model.get_output_embeddings()
+        starts = (
+            [logprob_start_len] * len(seqs)
+            if isinstance(logprob_start_len, int)
+            else logprob_start_len
+        )
         top_ids, top_lps = [], []
-        for row, seq in zip(hidden, seqs):
-            logits = head(row[logprob_start_len : len(seq) - 1]).float()
+        for row, seq, start in zip(hidden, seqs, starts):
+            logits = head(row[start : len(seq) - 1]).float()
             values, indices = torch.log_softmax(logits, dim=-1).topk(top_k, dim=-1)
             top_ids.append(indices)
             top_lps.append(values)
@@ -121,11 +128,13 @@ def _teacher_rows(
     """Teacher ids and log-probs for every response token, padded to ``[B, T, top_k]``, and the
     ``[B, T]`` log-probs of the tokens there when the scorer gives them (else None).
 
-    One call scores the whole batch from the shortest prompt on; each row keeps its last
-    ``len(response)`` entries, so the scorer may or may not include SGLang's null entry 0.
+    Each sequence is scored from its prompt's last token on (``logprob_start_len`` per sequence,
+    as SGLang takes it per request), so only the response positions are scored; each row keeps
+    its last ``len(response)`` entries, so the scorer may or may not include SGLang's null
+    entry 0.
     """
     seqs = [p + r for p, r in zip(prompts, responses)]
-    ids, lps, *rest = score(seqs, top_k, min(len(p) for p in prompts) - 1)
+    ids, lps, *rest = score(seqs, top_k, [len(p) - 1 for p in prompts])
     t_max = max(len(r) for r in responses)
     out_ids = torch.zeros(len(seqs), t_max, top_k, dtype=torch.long)
     out_lps = torch.zeros(len(seqs), t_max, top_k)
