@@ -103,12 +103,18 @@ class TrainerNode:
 
 @pytest.fixture(scope="module")
 def cluster():
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
-    )
+    """A local cluster whose workers import this checkout: the raylet's environment carries
+    ``PYTHONPATH``, so the workers it starts ahead (one per CPU) can host the actors (a
+    ``runtime_env`` would make every actor wait for a worker of its own)."""
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), saved]))
+    try:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    finally:
+        if saved is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = saved
     yield
     ray.shutdown()
 
