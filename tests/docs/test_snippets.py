@@ -9,8 +9,9 @@ the code a name. Then it checks what the snippet did. Shell snippets run line by
 its command:
 
 - ``distill-guard ...`` runs the CLI for real, in this process (a server it names is a
-  reference server on loopback; ``serve-reference`` runs as a child process and must answer
-  ``/health``); exit 0 or 1 (findings) pass, anything else or a traceback fails;
+  reference server on loopback; ``serve-reference`` runs as a child process, forked from the
+  session's fork server, and must answer ``/health``); exit 0 or 1 (findings) pass, anything
+  else or a traceback fails;
 - ``make TARGET`` must be a target the Makefile can make (``make -n``: the targets build a venv
   and run for minutes, which is CI's own job);
 - ``python -m examples.<app> OVERRIDES`` must compose with Hydra (the demo is a 100 s job);
@@ -32,6 +33,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import tokenize
 from pathlib import Path
@@ -63,6 +65,7 @@ def test_the_docs_have_snippets_and_every_python_snippet_names_its_setup():
     assert not unknown, f"no setup of that name in tests/docs/setups.py: {unknown}"
 
 
+@pytest.mark.usefixtures("forkserver")  # started with the session: serve-reference forks from it
 @pytest.mark.parametrize("snip", UNIQUE, ids=[s.id for s in UNIQUE])
 def test_snippet_runs_as_written(snip: Snippet, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -182,7 +185,7 @@ def _distill_guard(words: list[str], ctx: Context) -> None:
 
     assert shutil.which("distill-guard", path=str(BIN)), "no distill-guard console script"
     if words[1] == "serve-reference":
-        _serve_reference([str(BIN / "distill-guard"), *words[1:]], words)
+        _serve_reference(words)
         return
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -195,23 +198,44 @@ def _distill_guard(words: list[str], ctx: Context) -> None:
     assert "Traceback" not in err.getvalue(), said
 
 
-def _serve_reference(argv: list[str], words: list[str]) -> None:
+def _serve_reference(words: list[str]) -> None:
+    """``serve-reference`` as the console script runs it (``distill_guard.cli:main`` with the
+    words), in a child process: forked from the session's fork server, which has imported torch
+    and transformers, so the child serves in about a second instead of importing them again
+    (the console script's own start is ``tests/test_cli_live.py``'s slow end-to-end test). It
+    must answer ``/health``; its output goes to a log the failure shows."""
     import httpx
 
+    from ..conftest import _forkserver_context
+
     port = words[words.index("--port") + 1]
-    proc = subprocess.Popen(argv, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    log = Path(tempfile.mkstemp(prefix="serve-reference-", suffix=".log")[1])
+    proc = _forkserver_context().Process(target=_run_cli, args=(words[1:], str(log)), daemon=True)
+    proc.start()
     try:
         deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1.0).status_code == 200:
-                    break
-            assert time.monotonic() < deadline, f"{shlex.join(words)}: no /health in 60 s"
-            time.sleep(0.2)
+        with httpx.Client(timeout=1.0) as client:
+            while True:
+                assert proc.is_alive(), log.read_text()[-3000:]
+                with contextlib.suppress(httpx.TransportError):
+                    if client.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                        break
+                assert time.monotonic() < deadline, f"{shlex.join(words)}: no /health in 60 s"
+                time.sleep(0.1)
     finally:
         proc.terminate()
-        proc.wait(timeout=15)
+        proc.join(timeout=15)
+        log.unlink(missing_ok=True)
+
+
+def _run_cli(argv: list[str], log: str) -> None:
+    """The child's work: the CLI's ``main`` with its output in ``log``."""
+    from distill_guard.cli import main
+
+    with open(log, "w") as out:
+        os.dup2(out.fileno(), 1)
+        os.dup2(out.fileno(), 2)
+        sys.exit(main(argv))
 
 
 def _make(words: list[str], ctx: Context) -> None:
