@@ -8,11 +8,7 @@ The PyTorch path runs here; the Triton path runs in a fresh process through Trit
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,6 +18,7 @@ from distill_guard.errors import GuardTypeError, GuardValueError
 from distill_guard.linear_loss import _merge_sub_rows, _splits, default_chunk_rows
 from distill_guard.losses import _MODES, _torch_forward, distill_loss
 from distill_guard.observations import LossKind
+from tests._triton import run_triton_script
 
 N, H, H_T, V, K = 37, 16, 19, 96, 8
 
@@ -317,19 +314,7 @@ TRITON_SCRIPT = textwrap.dedent(
 @pytest.mark.slow  # ~40 s of CPU in Triton's interpreter; tests/gpu/test_linear_loss.py compiles it
 def test_triton_path_matches_float64_references():
     pytest.importorskip("triton")
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    if not torch.cuda.is_available():
-        env["TRITON_INTERPRET"] = "1"
-    proc = subprocess.run(
-        [sys.executable, "-c", TRITON_SCRIPT],
-        env=env,
-        cwd=Path(__file__).resolve().parents[1],
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip().endswith("ok")
+    run_triton_script(TRITON_SCRIPT, timeout=400)
 
 
 def test_a_second_backward_is_refused_not_wrong():

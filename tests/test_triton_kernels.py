@@ -3,14 +3,11 @@ through Triton's interpreter (chosen when a kernel is defined, hence a fresh pro
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
-import torch
+
+from tests._triton import run_triton_script
 
 pytest.importorskip("triton")
 
@@ -56,16 +53,4 @@ SCRIPT = textwrap.dedent(
 
 
 def test_kernels_match_float64_references():
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    if not torch.cuda.is_available():
-        env["TRITON_INTERPRET"] = "1"
-    proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT],
-        env=env,
-        cwd=Path(__file__).resolve().parents[1],  # the checkout: ``tests._reference`` imports
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip().endswith("ok")
+    run_triton_script(SCRIPT, timeout=240)

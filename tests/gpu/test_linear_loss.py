@@ -4,15 +4,12 @@ accumulations, and its memory (chunks of logits, never ``[N, V]``)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from distill_guard.linear_loss import _GROUP_CHUNKS, default_chunk_rows, distill_loss_from_hidden
 from distill_guard.losses import distill_loss
+from tests._triton import run_triton_script
 from tests.test_linear_loss import TRITON_SCRIPT
 
 NEEDS_TORCH_MEMORY_SAVER = False
@@ -20,15 +17,7 @@ V = 151_936
 
 
 def test_triton_path_compiled_matches_float64_references():
-    proc = subprocess.run(
-        [sys.executable, "-c", TRITON_SCRIPT],
-        cwd=Path(__file__).resolve().parents[2],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip().endswith("ok")
+    run_triton_script(TRITON_SCRIPT, timeout=300)
 
 
 def _inputs(n: int, h: int, seed: int = 0):

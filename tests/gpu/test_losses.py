@@ -4,14 +4,12 @@ Qwen3's V = 151936, and its memory (no [N, V] float32 tensor, nothing [N, V] at 
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from distill_guard.losses import distill_loss
+from tests._triton import run_triton_script
 from tests.test_losses import TRITON_SCRIPT, reference_divergence
 
 NEEDS_TORCH_MEMORY_SAVER = False
@@ -19,15 +17,7 @@ V = 151_936
 
 
 def test_kernels_compiled_match_float64_references():
-    proc = subprocess.run(
-        [sys.executable, "-c", TRITON_SCRIPT],
-        cwd=Path(__file__).resolve().parents[2],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip().endswith("ok")
+    run_triton_script(TRITON_SCRIPT, timeout=300)
 
 
 @pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
