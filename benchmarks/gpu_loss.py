@@ -30,7 +30,6 @@ import os
 import torch
 from gpu_signals import measure  # the same timing and peak-memory yardstick as §2
 
-from distill_guard import losses
 from distill_guard.losses import distill_loss
 from distill_guard.signals import jsd_from_logits
 
@@ -98,18 +97,9 @@ def run_rows(rows: int, liger) -> dict:
     def plain(x):
         return torch.autograd.grad(plain_jsd_loss(x, t), x)[0]
 
-    def three_pass(fn):  # the kernels before the one-read team kernel, side by side
-        losses.ONE_READ_KERNEL = False
-        try:
-            return fn()
-        finally:
-            losses.ONE_READ_KERNEL = True
-
     methods = {
         "fused": lambda: fused(sg),
         "fused_inplace": fused_inplace,
-        "fused_three_pass": lambda: three_pass(lambda: fused(sg)),
-        "fused_inplace_three_pass": lambda: three_pass(fused_inplace),
         "plain_pytorch": lambda: plain(sg),
     }
     ref_s, ref_t = s[:REF_ROWS], t[:REF_ROWS]
@@ -124,7 +114,6 @@ def run_rows(rows: int, liger) -> dict:
 
     errs = {
         "fused": errors(fused_lg, ref_s, ref_t),
-        "fused_three_pass": three_pass(lambda: errors(fused_lg, ref_s, ref_t)),
         "plain_pytorch": errors(plain_lg, ref_s, ref_t),
     }
     if liger is not None:
@@ -162,7 +151,6 @@ def run_rows(rows: int, liger) -> dict:
         "jsd_given_lse": lambda: jsd_from_logits(s, t, BETA, student_lse=lse_s, teacher_lse=lse_t),
         "jsd_two_pass": lambda: jsd_from_logits(s, t, BETA),
         "fused_forward": lambda: distill_loss(s, t, beta=BETA),
-        "fused_forward_three_pass": lambda: three_pass(lambda: distill_loss(s, t, beta=BETA)),
     }
     for name, fn in signal.items():
         ms, peak = measure(fn)
@@ -178,7 +166,7 @@ def run_rows(rows: int, liger) -> dict:
         ref_s, ref_t, BETA, student_lse=lse_s[:REF_ROWS], teacher_lse=lse_t[:REF_ROWS]
     )
     res["jsd_given_lse"]["mean_abs_err"] = abs(float(given.double().mean()) - float(ref_j))
-    for name in ("fused", "fused_inplace", "fused_three_pass", "fused_inplace_three_pass"):
+    for name in ("fused", "fused_inplace"):
         if "ms" in res[name]:
             res[f"{name}_fraction_of_floor"] = res["floor"]["ms"] / res[name]["ms"]
             res[f"{name}_fraction_of_copy_floor"] = res["floor"]["copy_bw_ms"] / res[name]["ms"]
@@ -231,45 +219,10 @@ def sweep(rows: int) -> dict:
     return out
 
 
-def sweep_team(rows: int) -> dict:
-    """The one-read team kernel with its gradient, per slice × rows per turn × warps, as a
-    fraction of the floor measured beside it."""
-    from distill_guard.kernels.team_loss import team_loss
-
-    dev = torch.device("cuda")
-    gen = torch.Generator(device=dev).manual_seed(0)
-    s = (torch.randn(rows, V, device=dev, generator=gen) * 3).to(torch.bfloat16)
-    t = (torch.randn(rows, V, device=dev, generator=gen) * 3).to(torch.bfloat16)
-    grad = torch.empty_like(s)
-    floor, _ = measure(lambda: torch.sub(s, t, out=grad))
-    weight = torch.full((rows,), 0.5 / rows, device=dev)
-    out = {"floor_ms": floor}
-    print(f"sweep-team floor {floor:.3f} ms")
-    for block, per_turn, warps in [
-        (b, r, w) for b in (2048, 4096, 8192) for r in (1, 2, 4) for w in (4, 8, 16)
-    ]:
-        if block * per_turn > 16384 or block * per_turn // (32 * warps) < 4:
-            continue
-        kw = {"block": block, "rows_per_turn": per_turn, "num_warps": warps}
-        key = f"{block}x{per_turn}x{warps}"
-        try:
-            ms, _ = measure(
-                lambda kw=kw: team_loss(s, t, None, 1.0, BETA, 0, weight, grad, **kw), 3, 1
-            )
-        except Exception as exc:  # a setting that does not compile or launch
-            out[key] = {"error": str(exc)[:160]}
-            print(f"sweep-team {key:12s} {out[key]['error']}")
-            continue
-        out[key] = {"ms": ms, "of_floor": floor / ms}
-        print(f"sweep-team {key:12s} {ms:7.3f} ms  {floor / ms:6.1%} of the floor")
-    return out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, nargs="+", default=[4096, 16384])
     ap.add_argument("--sweep", action="store_true")
-    ap.add_argument("--sweep-team", action="store_true")
     args = ap.parse_args()
     try:
         from liger_kernel.transformers.jsd import LigerJSD
@@ -322,8 +275,6 @@ def main() -> None:
         torch.cuda.empty_cache()
     if args.sweep:
         res["sweep"] = sweep(max(args.rows))
-    if args.sweep_team:
-        res["sweep_team"] = sweep_team(max(args.rows))
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "gpu_loss.json"), "w") as fh:
             json.dump(res, fh, indent=1)

@@ -219,7 +219,6 @@ def test_result_is_a_frozen_dataclass():
 TRITON_SCRIPT = textwrap.dedent(
     """
     import math, torch
-    from distill_guard import losses
     from distill_guard.losses import distill_loss
     from distill_guard.signals import jsd_from_logits
     from tests.test_losses import reference_divergence
@@ -262,20 +261,9 @@ TRITON_SCRIPT = textwrap.dedent(
         o2 = distill_loss(s2 * 1.0, t, beta=beta, temperature=1.3, mask=mask,
                           backend="triton", inplace_backward=True)
         (g2,) = torch.autograd.grad(o2.loss, s2)
-        # (the gradient formed in the forward and the one recomputed in the backward: the same
-        # float32 formula from log-normalisers rounded differently, within the error above)
+        assert torch.equal(g2, grad), (beta, dtype)
         tol = max(eps, 1e-4) * float(g_ref.abs().max())
-        assert (g2.double() - grad.double()).abs().max() <= tol, (beta, dtype)
-        # the three-pass kernels give the same loss, signals and gradient
-        losses.ONE_READ_KERNEL = False
-        s3 = s.detach().clone().requires_grad_()
-        o3 = distill_loss(s3, t, beta=beta, temperature=1.3, mask=mask, backend="triton")
-        (g3,) = torch.autograd.grad(o3.loss, s3)
-        losses.ONE_READ_KERNEL = True
-        assert abs(float(o3.loss) - float(out.loss)) < 2e-6
-        assert (o3.teacher_entropy - out.teacher_entropy)[keep.to(dev)].abs().max() < 1e-4
-        assert (g3.double() - grad.double()).abs().max() <= tol, (beta, dtype)
-        # a loss scaled after the call, and per-token weights in the graph, take their own paths
+        # a loss scaled after the call, per-token weights in the graph, a second backward
         s4 = s.detach().clone().requires_grad_()
         o4 = distill_loss(s4, t, beta=beta, temperature=1.3, mask=mask, backend="triton")
         (g4,) = torch.autograd.grad(2.5 * o4.loss, s4)
@@ -287,9 +275,10 @@ TRITON_SCRIPT = textwrap.dedent(
         per = reference_divergence(r5, t.double().cpu(), beta, 1.3)
         ref5 = (per * rows_w.double().cpu() * keep).sum() + per[keep].mean()
         (g5_ref,) = torch.autograd.grad(ref5, r5)
-        assert float((g5.double().cpu() - g5_ref).abs().max()) <= max(eps, 1e-4) * float(
+        # (weights up to 4 put row 3's near-cancelling peak, 3e-4 off in fp32, at the max)
+        assert float((g5.double().cpu() - g5_ref).abs().max()) <= max(eps, 1e-3) * float(
             g5_ref.abs().max()), (beta, dtype)
-        # a second backward through the same graph recomputes: the formed gradient is used once
+        # (retain_graph): each backward recomputes from the rows and the saved statistics
         o6 = distill_loss(s4, t, beta=beta, temperature=1.3, mask=mask, backend="triton")
         (g6a,) = torch.autograd.grad(o6.loss, s4, retain_graph=True)
         (g6b,) = torch.autograd.grad(3.0 * o6.loss, s4)
