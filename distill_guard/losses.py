@@ -181,22 +181,47 @@ def distill_loss(
         chunk_rows,
         inplace_backward,
     )
-    scale = temperature**2 if scale_by_temperature_squared else 1.0
     loss = per_row.sum() / valid.sum().clamp_min(1)
+    return _distill_loss_of_rows(
+        loss, per_row, valid, (h_s, h_t, top1, lse_s, lse_t), lead,
+        kind=kind, beta=beta, temperature=temperature,
+        scale_by_temperature_squared=scale_by_temperature_squared, vocab_size=v,
+    )  # fmt: skip
+
+
+def _distill_loss_of_rows(
+    mean: torch.Tensor,
+    per_row: torch.Tensor,
+    valid: torch.Tensor,
+    signals: tuple[torch.Tensor, ...],
+    lead: torch.Size,
+    *,
+    kind: LossKind,
+    beta: float,
+    temperature: float,
+    scale_by_temperature_squared: bool,
+    vocab_size: int,
+) -> DistillLoss:
+    """The :class:`DistillLoss` of a fused loss's flat results (what :func:`distill_loss` and
+    :func:`~distill_guard.linear_loss.distill_loss_from_hidden` both return): the mean scaled
+    by τ² if asked, the per-row outputs and ``signals`` (student and teacher entropy, teacher
+    top-1, student and teacher log-normalisers) shaped like the logits' leading dims."""
+    h_s, h_t, top1, lse_s, lse_t = (x.reshape(lead) for x in signals)
+    scale = temperature**2 if scale_by_temperature_squared else 1.0
     return DistillLoss(
-        loss=loss * scale if scale != 1.0 else loss,
+        loss=mean * scale if scale != 1.0 else mean,
         per_token=per_row.reshape(lead),
-        valid=valid,
-        student_entropy=h_s.reshape(lead),
-        teacher_entropy=h_t.reshape(lead),
-        teacher_top1_logprob=top1.reshape(lead),
-        student_lse=lse_s.reshape(lead),
-        teacher_lse=lse_t.reshape(lead),
+        valid=valid.reshape(lead),
+        student_entropy=h_s,
+        teacher_entropy=h_t,
+        teacher_top1_logprob=top1,
+        student_lse=lse_s,
+        teacher_lse=lse_t,
         kind=kind,
         beta=float(beta),
         temperature=float(temperature),
         scale=scale,
-        vocab_size=v,
+        vocab_size=vocab_size,
     )
 
 

@@ -22,7 +22,7 @@ from distill_guard.errors import GuardRuntimeError
 from distill_guard.extras import require
 from distill_guard.teachers.torch_teacher import TorchTeacher, _EmulatedRegion
 from distill_guard.testing.reference_server import ReferenceServer, serve_in_thread
-from distill_guard.testing.servers import free_port
+from distill_guard.testing.servers import free_port, stop_process
 
 
 @contextlib.contextmanager
@@ -73,12 +73,7 @@ def sglang_router(
                 time.sleep(0.05)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
         log.close()
 
 
