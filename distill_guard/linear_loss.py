@@ -35,6 +35,7 @@ from distill_guard.losses import (
     _MODES,
     _TOP1_T,
     DistillLoss,
+    _distill_loss_of_rows,
     _torch_backward,
     _torch_forward,
     _valid_positions,
@@ -83,7 +84,7 @@ def distill_loss_from_hidden(
     labels: torch.Tensor | None = None,
     ignore_index: int = -100,
     scale_by_temperature_squared: bool = False,
-    float32_weight_grad: bool = True,
+    float32_weight_grad: bool = False,
     chunk_rows: int | None = None,
     backend: str = "auto",
 ) -> DistillLoss:
@@ -95,9 +96,10 @@ def distill_loss_from_hidden(
     ``teacher_head [V, H_t]``, or ``teacher_topk=(logprobs, ids)``, each ``[..., K]``, ids
     unique per row. Gradients flow to the student's hidden states and head through
     :attr:`DistillLoss.loss` only: they are formed during the forward (so :attr:`per_token` is
-    detached here). ``float32_weight_grad`` accumulates the head's gradient in float32 (one
-    ``[V, H]`` float32 buffer during the call; ``False`` accumulates in the head's dtype, as
-    Liger does, with one rounding per group of chunks). ``chunk_rows`` (default
+    detached here). The head's gradient is accumulated in the head's dtype, one rounding per
+    group of 4 chunks (Liger's default rounds once per chunk); ``float32_weight_grad``
+    accumulates it in one ``[V, H]`` float32 buffer instead, rounded once (the rounding floor,
+    for twice the gradient's memory during the call; on CPU it is always float32). ``chunk_rows`` (default
     :func:`default_chunk_rows`: about N/32, in [128, 512]) bounds what is held at once to two
     ``[chunk_rows, V]`` float32 logits and ``[4 × chunk_rows, V]`` gradient rows in the head's
     dtype.
@@ -157,22 +159,11 @@ def distill_loss_from_hidden(
     loss, per_row, h_s, h_t, top1, lse_s, lse_t = _FusedLinearDivergence.apply(
         student_hidden.reshape(-1, h), student_head, valid, plan, *teacher
     )
-    scale = temperature**2 if scale_by_temperature_squared else 1.0
-    return DistillLoss(
-        loss=loss * scale if scale != 1.0 else loss,
-        per_token=per_row.reshape(lead),
-        valid=valid.reshape(lead),
-        student_entropy=h_s.reshape(lead),
-        teacher_entropy=h_t.reshape(lead),
-        teacher_top1_logprob=top1.reshape(lead),
-        student_lse=lse_s.reshape(lead),
-        teacher_lse=lse_t.reshape(lead),
-        kind=kind,
-        beta=float(beta),
-        temperature=float(temperature),
-        scale=scale,
-        vocab_size=v,
-    )
+    return _distill_loss_of_rows(
+        loss, per_row, valid, (h_s, h_t, top1, lse_s, lse_t), lead,
+        kind=kind, beta=beta, temperature=temperature,
+        scale_by_temperature_squared=scale_by_temperature_squared, vocab_size=v,
+    )  # fmt: skip
 
 
 def default_chunk_rows(rows: int) -> int:

@@ -289,8 +289,10 @@ TRITON_SCRIPT = textwrap.dedent(
         ht = torch.randn(n, h + 3, generator=g).to(dtype).to(dev)
         wt = (torch.randn(v, h + 3, generator=g) * 0.6).to(dtype).to(dev)
         mask = (torch.rand(n, generator=g) > 0.2).to(dev)
+        # the head's gradient accumulated in float32 (always on CPU): both at the rounding floor
         out = ll.distill_loss_from_hidden(hs, w, ht, wt, beta=beta, temperature=1.3, mask=mask,
-                                          chunk_rows=chunk, backend="triton")
+                                          chunk_rows=chunk, backend="triton",
+                                          float32_weight_grad=True)
         out.loss.backward()
         h64 = hs.detach().double().cpu().requires_grad_()
         w64 = w.detach().double().cpu().requires_grad_()
