@@ -58,7 +58,10 @@ class Echo(BaseHTTPRequestHandler):
 def echo_server(status: int) -> Iterator[int]:
     handler = type("EchoStatus", (Echo,), {"status": status})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # polled every 50 ms, not serve_forever's 0.5 s: shutdown() waits for one poll
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
     thread.start()
     try:
         yield server.server_address[1]
@@ -103,6 +106,7 @@ def test_no_planted_key_reaches_any_output(planted, capsys, caplog) -> None:
             "alerts.webhook_url_env=DISTILL_GUARD_WEBHOOK_URL",
             "alerts.use_wandb=true",
             "alerts.min_interval_s=0",
+            "repair.backoff_s=0",  # the repair's three attempts, without 1 s + 2 s between them
         ],
     )
     teacher = SGLangHTTPTeacher(teacher_url, timeout_s=2, max_retries=0, vocab_size=64)

@@ -118,7 +118,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
 def server():
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     httpd.daemon_threads = True
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    # polled every 50 ms, not serve_forever's 0.5 s: shutdown() waits for one poll
+    thread = threading.Thread(
+        target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
     thread.start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}"
     RELEASE.set()

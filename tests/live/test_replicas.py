@@ -271,6 +271,7 @@ def test_a_router_that_cannot_take_a_replica_out_halts_unless_it_is_repaired(
     with reference_replicas(tiny_dir, [True, False]) as replicas:
         with sglang_router([r.url for r in replicas]) as url:
             router = SGLangRouter(url, timeout_s=2)
+            router.retry_backoff_s = 0.0  # its retries find the router gone all the same
             teacher = _teacher(replicas, reference, router, repair_attempts=1)
         if not repairs:
             replicas[1].teacher.reload_weights = lambda *a, **k: (_ for _ in ()).throw(
