@@ -44,12 +44,16 @@ FORKSERVER_PRELOAD = (
     "httpx",
     "transformers",
     "transformers.models.qwen3.modeling_qwen3",
+    "ray",  # the Relax gate's first hook looks for a Ray session (~0.3 s a trainer rank)
     "distill_guard",
+    "tests._forkserver_warm",
 )
 """What the fork server imports once, so its children need not (torch alone is ~2 s of CPU; with
 these a child imports the rest of what it runs in ~0.1 s). Third-party modules and the package's
-root only: the server skips a module that raises ImportError but dies on any other error, and a
-module mid-refactor must not take every forking test down with it."""
+root only, by name: the server skips a module that raises ImportError but dies on any other
+error, and a module mid-refactor must not take every forking test down with it. The package's
+and the tests' modules that the children run come through ``tests/_forkserver_warm.py``, which
+lets any error pass (the child then imports that module itself, and fails where it would have)."""
 
 
 def _forkserver_context() -> multiprocessing.context.BaseContext:
