@@ -138,23 +138,23 @@ def test_row_R4_a_posted_worker_is_registered_with_one_health_call_under_a_new_i
         assert _burst(client, url, replicas, 40) == [10, 10, 10, 10]
 
 
-@pytest.mark.parametrize("checked", [True, False], ids=["interval-1s", "disabled"])
-def test_row_R5_the_health_checker_gets_health_of_every_worker_at_its_interval(
-    tiny_dir, checked
-) -> None:
+def test_row_R5_the_health_checker_gets_health_of_every_worker_at_its_interval(tiny_dir) -> None:
+    """Two routers side by side over the same 2.2 s: one checking at a 1 s interval, one
+    started with ``--disable-health-check`` (the replica set-up's), each with its own workers."""
     extra = ["--health-check-interval-secs", "1"]
     with (
-        reference_replicas(tiny_dir, [True, True]) as replicas,
-        sglang_router([r.url for r in replicas], health_check=checked, extra=extra),
+        reference_replicas(tiny_dir, [True, True]) as checked,
+        reference_replicas(tiny_dir, [True, True]) as unchecked,
+        sglang_router([r.url for r in checked], health_check=True, extra=extra),
+        sglang_router([r.url for r in unchecked], health_check=False, extra=extra),
     ):
+        replicas = [*checked, *unchecked]
         start = [r.calls["health"] for r in replicas]
-        assert start == [1, 1]  # the registration's GET /health (R4)
+        assert start == [1, 1, 1, 1]  # the registration's GET /health (R4)
         time.sleep(2.2)
         grown = [r.calls["health"] - s for r, s in zip(replicas, start)]
-    if checked:
-        assert min(grown) >= 2  # about one a second each, whatever the worker is doing
-    else:
-        assert grown == [0, 0]
+    assert min(grown[:2]) >= 2  # about one a second each, whatever the worker is doing
+    assert grown[2:] == [0, 0]
 
 
 def test_row_R6_worker_routes_take_the_router_api_key(tiny_dir, monkeypatch) -> None:
