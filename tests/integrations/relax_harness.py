@@ -270,7 +270,9 @@ def rollout_side(
         else:
             data = convert(flat, line)
         data["poisoned"] = poisoned(data, truth, line)  # ground truth, read by the harness only
-        (out / f"train_{step}.json").write_text(json.dumps(data))
+        # whole or not at all: the trainer ranks read it as soon as the name exists
+        (out / f"train_{step}.json.tmp").write_text(json.dumps(data))
+        os.replace(out / f"train_{step}.json.tmp", out / f"train_{step}.json")
         if line != "slime" and "log" in gates:  # Relax: the log hook after the put
             relax.rollout_log_function(step, args, flat, metrics, 1.0)
         if metrics:

@@ -196,7 +196,10 @@ def test_row_R8_a_routed_answer_does_not_name_the_worker_that_served(fleet) -> N
             assert routed.status_code == 200
             added |= set(routed.headers) - set(direct.headers)
             said = " ".join([routed.text, *routed.headers.values()])
-            assert not any(p in said for p in ports) and "127.0.0.1" not in said
+            # a port as a number of its own: the answer's logprobs are long runs of digits,
+            # in which a worker's five digits turn up by chance (one run in a few failed so)
+            named = [p for p in ports if re.search(rf"(?<!\d){p}(?!\d)", said)]
+            assert named == [] and "127.0.0.1" not in said, named
             assert [a["meta_info"].keys() for a in routed.json()] == [
                 d["meta_info"].keys() for d in direct.json()
             ]
