@@ -2,7 +2,9 @@
 ``docs/sglang-contract.md`` §7.2 (:data:`~distill_guard.teachers.sglang_versions.FACTS`).
 
 Each row's test runs on one version per run of bands over which the row (with the rows it
-needs) keeps its value, and asserts over real loopback HTTP what the row says SGLang does there.
+needs) keeps its value, and asserts over real loopback HTTP what the row says SGLang does there
+(a run whose value an earlier run already had, as harmless again after a band that kills, is
+marked slow: ``make test-all``).
 Where the row says "kills", the server must be gone afterwards: one that lives on fails.
 """
 
@@ -74,6 +76,19 @@ def representatives(*names: str, where: Callable[[Capabilities], bool] | None = 
         if not runs or runs[-1][0] != key:
             runs.append((key, _text(first)))
     return [v for _, v in runs]
+
+
+def repeats_slow(versions: list[str], *names: str) -> list[Any]:
+    """``versions`` as parameters, a version whose values of ``names`` an earlier one already
+    had marked slow (``make test-all``): the same behaviour, through the same code path, again
+    (e.g. a row that is harmless, kills over a band, then is harmless again)."""
+    seen: set[tuple[Any, ...]] = set()
+    params = []
+    for v in versions:
+        key = tuple(row(n, v) for n in names)
+        params.append(pytest.param(v, marks=pytest.mark.slow) if key in seen else v)
+        seen.add(key)
+    return params
 
 
 def row(name: str, version: str) -> Any:
@@ -546,7 +561,9 @@ def test_checksum(serve, version) -> None:
     assert s.get("/weights_checker").json()["per_engine_checksum"] == engine
 
 
-@pytest.mark.parametrize("version", representatives("health_while_released"))
+@pytest.mark.parametrize(
+    "version", repeats_slow(representatives("health_while_released"), "health_while_released")
+)
 def test_health_while_released(serve, version) -> None:
     """On an idle released server, ``/health`` runs its 1-token forward and kills, except on
     0.5.1–0.5.9, which skip it and answer 503 (after 20 s in SGLang, at once here)."""
@@ -660,7 +677,10 @@ def test_fatal_token_id_past_vocab(serve, version) -> None:
     assert_gone(s)
 
 
-@pytest.mark.parametrize("version", representatives("fatal_mixed_token_ids_batch"))
+@pytest.mark.parametrize(
+    "version",
+    repeats_slow(representatives("fatal_mixed_token_ids_batch"), "fatal_mixed_token_ids_batch"),
+)
 def test_fatal_mixed_token_ids_batch(serve, version) -> None:
     """Two requests in one prefill batch, one asking ``token_ids_logprob`` and one asking input
     logprobs without it, kill 0.5.10–0.5.15; a batch whose requests all ask ids, or none,
