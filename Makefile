@@ -29,7 +29,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PYTEST) -m "not slow"
 
-test-all: $(STAMP)  # also the slow end-to-end variants (about 20 s more)
+test-all: $(STAMP)  # also the slow variants (about 30 s more)
 	$(PYTEST)
 
 lint: $(STAMP)
