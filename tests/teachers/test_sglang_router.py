@@ -139,14 +139,16 @@ def test_row_R4_a_posted_worker_is_registered_with_one_health_call_under_a_new_i
 
 
 def test_row_R5_the_health_checker_gets_health_of_every_worker_at_its_interval(tiny_dir) -> None:
-    """Two routers side by side over the same 2.2 s: one checking at a 1 s interval, one
-    started with ``--disable-health-check`` (the replica set-up's), each with its own workers."""
+    """Two routers side by side over the same 2.2 s: one started with
+    ``--disable-health-check`` (the replica set-up's), then one checking at a 1 s interval, each
+    with its own workers. The checking one last, so that its workers' counts are read as soon as
+    it is up (before its checker's first round), as with a router of its own."""
     extra = ["--health-check-interval-secs", "1"]
     with (
         reference_replicas(tiny_dir, [True, True]) as checked,
         reference_replicas(tiny_dir, [True, True]) as unchecked,
-        sglang_router([r.url for r in checked], health_check=True, extra=extra),
         sglang_router([r.url for r in unchecked], health_check=False, extra=extra),
+        sglang_router([r.url for r in checked], health_check=True, extra=extra),
     ):
         replicas = [*checked, *unchecked]
         start = [r.calls["health"] for r in replicas]
