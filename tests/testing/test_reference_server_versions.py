@@ -503,6 +503,9 @@ def test_reload_flush_refused(serve, tiny_dir, newer_dir, version) -> None:
     r = s.post("/update_weights_from_disk", {"model_path": str(tiny_dir)})
     assert r.status_code == 200 and r.json()["success"] is True
     assert finish(request.result())["type"] == "length"
+    # the in-place pause must reach the server inside this request's forward: a window of 1 s,
+    # not LATENCY, so that a loaded machine (2 CI workers on 2 cores) still lands in it
+    s.server.latency_s = 4 * LATENCY
     frozen = Call(s)
     s.until(Phase.RUNNING)
     assert s.post("/pause_generation", {"mode": "in_place"}).status_code == 200
