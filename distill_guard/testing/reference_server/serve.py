@@ -23,6 +23,10 @@ POLL_S = 0.01
 """How often the server looks for a stop, and for its connections closing as it stops."""
 
 
+_UVICORN_HOOKS = ("on_tick", "main_loop", "shutdown", "run")
+"""What :func:`_prompt_server` relies on in ``uvicorn.Server`` (as of uvicorn 0.55)."""
+
+
 @functools.cache
 def _prompt_server() -> type:
     """``uvicorn.Server`` that stops within :data:`POLL_S`: uvicorn's own looks for
@@ -31,6 +35,9 @@ def _prompt_server() -> type:
     of these servers). The same steps, polled every :data:`POLL_S`, each wait ending once
     what it waits for is done."""
     import uvicorn
+
+    if not all(hasattr(uvicorn.Server, name) for name in _UVICORN_HOOKS):
+        return uvicorn.Server  # another uvicorn's internals: its own stop, slower but sure
 
     class PromptServer(uvicorn.Server):
         async def main_loop(self) -> None:
