@@ -10,6 +10,8 @@ generalized JSD β = 0.5, τ = 1, mean over rows, gradient w.r.t. the student's 
 Each is timed with CUDA events (median of 5 after 2 warm-ups); peak extra memory is
 ``max_memory_allocated`` above what was allocated before the call, the returned gradient
 included. Errors are max |·| of the loss and the gradient against float64 on the first 32 rows.
+The exp unit's floor is the time of the loss's 8 hardware exp2/log2 per element pair alone
+(2 for the statistics, 3 for the JSD, 3 for the gradient), values made in registers.
 The forward JSD signal (``signals.jsd_from_logits``) is timed given the loss's log-normalisers
 (one read of each input) and without (two), against a device-to-device copy of one input
 (read + write bytes / time) measured in the same run. ``--sweep`` also times the three kernels
@@ -30,7 +32,6 @@ import os
 import torch
 from gpu_signals import measure  # the same timing and peak-memory yardstick as §2
 
-from distill_guard import losses
 from distill_guard.losses import distill_loss
 from distill_guard.signals import jsd_from_logits
 
@@ -67,6 +68,39 @@ def errors(loss_and_grad, s: torch.Tensor, t: torch.Tensor) -> dict[str, float]:
     }
 
 
+def _mufu_floor_ms(pairs: int) -> float:
+    """The time of 8 hardware exp2/log2 per element pair over ``pairs`` pairs and nothing else
+    (values made in registers, one float stored per program): the exp unit's floor for any
+    kernel that evaluates the loss's 2 + 3 + 3 of them per pair (statistics, JSD, gradient)."""
+    import triton
+    import triton.language as tl
+
+    from distill_guard.kernels.fused_loss import _log2
+
+    @triton.jit
+    def mufu(out_ptr, n_iter, BLOCK: tl.constexpr):
+        x = tl.program_id(0) * 1e-6 - tl.arange(0, BLOCK) * 1e-4
+        acc = tl.zeros([BLOCK], tl.float32)
+        for _ in range(n_iter):
+            a = tl.exp2(x)
+            b = tl.exp2(x * 0.5)
+            c = _log2(a + b, True)
+            d = tl.exp2(x * 0.25)
+            e = tl.exp2(x * 0.125)
+            f = _log2(d + e, True)
+            h = tl.exp2(x - 1.0)
+            k = _log2(h + 1.0, True)
+            acc += (c + f) + k
+            x = x - 1e-3
+        tl.store(out_ptr + tl.program_id(0), tl.sum(acc, axis=0))
+
+    block, programs = 1024, 132 * 16
+    n_iter = max(1, pairs // (block * programs))
+    out = torch.empty(programs, device="cuda")
+    ms, _ = measure(lambda: mufu[(programs,)](out, n_iter, BLOCK=block, num_warps=4), 3, 1)
+    return ms * pairs / (n_iter * block * programs)
+
+
 def run_rows(rows: int, liger) -> dict:
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -83,6 +117,8 @@ def run_rows(rows: int, liger) -> dict:
     # that does just that, and the bytes at the copy's bandwidth)
     floor_ms, _ = measure(lambda: torch.sub(s, t, out=dst))
     res["floor"] = {"ms": floor_ms, "copy_bw_ms": 3 * nbytes / copy_bw * 1e3}
+    # the exp unit's floor: the loss's 8 exp2/log2 per element pair and nothing else
+    res["exp_unit_floor"] = {"ms": _mufu_floor_ms(s.numel())}
     dst = None  # free one tensor before the other measurements
 
     sg = s.detach().clone().requires_grad_()
@@ -98,18 +134,9 @@ def run_rows(rows: int, liger) -> dict:
     def plain(x):
         return torch.autograd.grad(plain_jsd_loss(x, t), x)[0]
 
-    def three_pass(fn):  # the kernels before the team kernel, side by side
-        losses.TEAM_KERNEL = False
-        try:
-            return fn()
-        finally:
-            losses.TEAM_KERNEL = True
-
     methods = {
         "fused": lambda: fused(sg),
         "fused_inplace": fused_inplace,
-        "fused_three_pass": lambda: three_pass(lambda: fused(sg)),
-        "fused_inplace_three_pass": lambda: three_pass(fused_inplace),
         "plain_pytorch": lambda: plain(sg),
     }
     ref_s, ref_t = s[:REF_ROWS], t[:REF_ROWS]
@@ -124,7 +151,6 @@ def run_rows(rows: int, liger) -> dict:
 
     errs = {
         "fused": errors(fused_lg, ref_s, ref_t),
-        "fused_three_pass": three_pass(lambda: errors(fused_lg, ref_s, ref_t)),
         "plain_pytorch": errors(plain_lg, ref_s, ref_t),
     }
     if liger is not None:
@@ -162,7 +188,6 @@ def run_rows(rows: int, liger) -> dict:
         "jsd_given_lse": lambda: jsd_from_logits(s, t, BETA, student_lse=lse_s, teacher_lse=lse_t),
         "jsd_two_pass": lambda: jsd_from_logits(s, t, BETA),
         "fused_forward": lambda: distill_loss(s, t, beta=BETA),
-        "fused_forward_three_pass": lambda: three_pass(lambda: distill_loss(s, t, beta=BETA)),
     }
     for name, fn in signal.items():
         ms, peak = measure(fn)
@@ -178,10 +203,13 @@ def run_rows(rows: int, liger) -> dict:
         ref_s, ref_t, BETA, student_lse=lse_s[:REF_ROWS], teacher_lse=lse_t[:REF_ROWS]
     )
     res["jsd_given_lse"]["mean_abs_err"] = abs(float(given.double().mean()) - float(ref_j))
-    for name in ("fused", "fused_inplace", "fused_three_pass", "fused_inplace_three_pass"):
+    for name in ("fused", "fused_inplace"):
         if "ms" in res[name]:
             res[f"{name}_fraction_of_floor"] = res["floor"]["ms"] / res[name]["ms"]
             res[f"{name}_fraction_of_copy_floor"] = res["floor"]["copy_bw_ms"] / res[name]["ms"]
+            res[f"{name}_fraction_of_exp_unit_floor"] = (
+                res["exp_unit_floor"]["ms"] / res[name]["ms"]
+            )
     liger_res = res.get("liger_from_logits", {})
     if "ms" in liger_res:
         for name in ("fused", "fused_inplace"):
@@ -231,95 +259,10 @@ def sweep(rows: int) -> dict:
     return out
 
 
-def _mufu_floor_ms(pairs: int) -> float:
-    """The time of 8 hardware exp2/log2 per element pair over ``pairs`` pairs and nothing else
-    (values made in registers, one float stored per program): the exp unit's floor for a kernel
-    that, like the team kernel, evaluates 2 + 3 + 3 of them per pair (its three passes)."""
-    import triton
-    import triton.language as tl
-
-    from distill_guard.kernels.fused_loss import _log2
-
-    @triton.jit
-    def mufu(out_ptr, n_iter, BLOCK: tl.constexpr):
-        x = tl.program_id(0) * 1e-6 - tl.arange(0, BLOCK) * 1e-4
-        acc = tl.zeros([BLOCK], tl.float32)
-        for _ in range(n_iter):
-            a = tl.exp2(x)
-            b = tl.exp2(x * 0.5)
-            c = _log2(a + b, True)
-            d = tl.exp2(x * 0.25)
-            e = tl.exp2(x * 0.125)
-            f = _log2(d + e, True)
-            h = tl.exp2(x - 1.0)
-            k = _log2(h + 1.0, True)
-            acc += (c + f) + k
-            x = x - 1e-3
-        tl.store(out_ptr + tl.program_id(0), tl.sum(acc, axis=0))
-
-    block, programs = 1024, 132 * 16
-    n_iter = max(1, pairs // (block * programs))
-    out = torch.empty(programs, device="cuda")
-    ms, _ = measure(lambda: mufu[(programs,)](out, n_iter, BLOCK=block, num_warps=4), 3, 1)
-    return ms * pairs / (n_iter * block * programs)
-
-
-def sweep_team(rows: int) -> dict:
-    """The team kernel with its gradient per slice × block × warps × L2 share, as a fraction of
-    the memory floor measured beside it; the same kernel on one row that stays in L2 (what the
-    kernel costs without memory), and the exp unit's floor for its 8 exp2/log2 per pair."""
-    from distill_guard.kernels import team_loss as tm
-
-    dev = torch.device("cuda")
-    gen = torch.Generator(device=dev).manual_seed(0)
-    s = (torch.randn(rows, V, device=dev, generator=gen) * 3).to(torch.bfloat16)
-    t = (torch.randn(rows, V, device=dev, generator=gen) * 3).to(torch.bfloat16)
-    grad = torch.empty_like(s)
-    floor, _ = measure(lambda: torch.sub(s, t, out=grad))
-    weight = torch.full((rows,), 0.5 / rows, device=dev)
-    mufu = _mufu_floor_ms(rows * V)
-    l2 = torch.cuda.get_device_properties(dev).L2_cache_size
-    out = {"floor_ms": floor, "mufu_floor_ms": mufu, "l2_MB": l2 / 2**20}
-    print(f"sweep-team memory floor {floor:.3f} ms, exp-unit floor {mufu:.3f} ms, L2 {l2 >> 20} MB")
-    one_s, one_t = s[:1].expand(rows, V), t[:1].expand(rows, V)  # every row the same storage
-    one_g = torch.empty(1, V, device=dev, dtype=s.dtype).expand(rows, V)
-    for sl, sub, warps in [
-        (a, b, w) for a in (4096, 8192, 16384) for b in (1024, 2048, 4096) for w in (4, 8)
-    ]:
-        if sub > sl or sub // (32 * warps) < 4:
-            continue
-        for share in (0.25, 0.5, 1.0):
-            kw = {"slice_cols": sl, "sub": sub, "num_warps": warps, "l2_share": share}
-            key = f"{sl}/{sub}x{warps}@{share}"
-            try:
-                ms, _ = measure(
-                    lambda kw=kw: tm.team_loss(s, t, None, 1.0, BETA, 0, weight, grad, **kw), 3, 1
-                )
-            except Exception as exc:  # a setting that does not compile or launch
-                out[key] = {"error": str(exc)[:160]}
-                print(f"sweep-team {key:20s} {out[key]['error']}")
-                continue
-            out[key] = {"ms": ms, "of_floor": floor / ms, "of_mufu_floor": mufu / ms}
-            print(f"sweep-team {key:20s} {ms:7.3f} ms  {floor / ms:6.1%} of the memory floor, "
-                  f"{mufu / ms:6.1%} of the exp unit's")  # fmt: skip
-        kw = {"slice_cols": sl, "sub": sub, "num_warps": warps, "l2_share": 0.25}
-        try:
-            ms, _ = measure(
-                lambda kw=kw: tm.team_loss(one_s, one_t, None, 1.0, BETA, 0, weight, one_g, **kw),
-                3, 1,
-            )  # fmt: skip
-        except Exception:  # reported above for the same setting
-            continue
-        out[f"{sl}/{sub}x{warps} in L2"] = {"ms": ms}
-        print(f"sweep-team {sl}/{sub}x{warps} on one row in L2: {ms:7.3f} ms")
-    return out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, nargs="+", default=[4096, 16384])
     ap.add_argument("--sweep", action="store_true")
-    ap.add_argument("--sweep-team", action="store_true")
     args = ap.parse_args()
     try:
         from liger_kernel.transformers.jsd import LigerJSD
@@ -348,8 +291,13 @@ def main() -> None:
         )
         for k, v in r.items():
             if not isinstance(v, dict) or k == "copy":
-                if k.endswith(("_vs_liger_from_logits", "_of_floor", "_of_copy_floor")):
+                if k.endswith(
+                    ("_vs_liger_from_logits", "_of_floor", "_of_copy_floor", "_of_exp_unit_floor")
+                ):
                     print(f"{k:44s} {v:.4g}")
+                continue
+            if k == "exp_unit_floor":
+                print(f"{'exp-unit floor (8 exp2/log2 a pair)':30s} {v['ms']:8.2f} ms")
                 continue
             if k == "floor":
                 print(
@@ -372,8 +320,6 @@ def main() -> None:
         torch.cuda.empty_cache()
     if args.sweep:
         res["sweep"] = sweep(max(args.rows))
-    if args.sweep_team:
-        res["sweep_team"] = sweep_team(max(args.rows))
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "gpu_loss.json"), "w") as fh:
             json.dump(res, fh, indent=1)

@@ -171,8 +171,7 @@ def distill_loss(
     valid = _valid_positions(lead, student_logits.device, mask, labels, ignore_index)
     v = student_logits.shape[-1]
     triton = _use_triton(student_logits, backend) and student_logits.dtype != torch.float64
-    scale = temperature**2 if scale_by_temperature_squared else 1.0
-    loss, per_row, h_s, h_t, top1, lse_s, lse_t = _FusedDivergence.apply(
+    per_row, h_s, h_t, top1, lse_s, lse_t = _FusedDivergence.apply(
         student_logits.reshape(-1, v),
         teacher_logits.detach().reshape(-1, v),
         valid.reshape(-1),
@@ -181,13 +180,12 @@ def distill_loss(
         triton,
         chunk_rows,
         inplace_backward,
-        scale,
     )
+    loss = per_row.sum() / valid.sum().clamp_min(1)
     return _distill_loss_of_rows(
         loss, per_row, valid, (h_s, h_t, top1, lse_s, lse_t), lead,
         kind=kind, beta=beta, temperature=temperature,
         scale_by_temperature_squared=scale_by_temperature_squared, vocab_size=v,
-        mean_is_scaled=True,
     )  # fmt: skip
 
 
@@ -203,17 +201,15 @@ def _distill_loss_of_rows(
     temperature: float,
     scale_by_temperature_squared: bool,
     vocab_size: int,
-    mean_is_scaled: bool = False,
 ) -> DistillLoss:
     """The :class:`DistillLoss` of a fused loss's flat results (what :func:`distill_loss` and
     :func:`~distill_guard.linear_loss.distill_loss_from_hidden` both return): the mean scaled
     by τ² if asked, the per-row outputs and ``signals`` (student and teacher entropy, teacher
-    top-1, student and teacher log-normalisers) shaped like the logits' leading dims
-    (``mean_is_scaled``: the mean is already the scaled loss)."""
+    top-1, student and teacher log-normalisers) shaped like the logits' leading dims."""
     h_s, h_t, top1, lse_s, lse_t = (x.reshape(lead) for x in signals)
     scale = temperature**2 if scale_by_temperature_squared else 1.0
     return DistillLoss(
-        loss=mean * scale if scale != 1.0 and not mean_is_scaled else mean,
+        loss=mean * scale if scale != 1.0 else mean,
         per_token=per_row.reshape(lead),
         valid=valid.reshape(lead),
         student_entropy=h_s,
@@ -250,115 +246,45 @@ def _valid_positions(
 
 
 class _FusedDivergence(torch.autograd.Function):
-    """The loss (mean over valid rows × scale), the per-row divergence and the signals of
-    ``[N, V]`` rows, keeping only ``[N]`` statistics between the passes.
-
-    On CUDA the forward reads each input from memory once
-    (:func:`~distill_guard.kernels.team_loss.team_loss`) and, when the student needs a gradient
-    and the backward is not in place, forms the loss's gradient in the same launch: a plain
-    ``loss.backward()`` then moves no more bytes. A backward that also weighs the rows
-    (``per_token`` in the graph), a second backward, or the in-place backward recompute the
-    gradient from the rows and the saved statistics."""
+    """Per-row divergence and signals of ``[N, V]`` rows; the backward recomputes from the rows,
+    keeping only ``[N]`` statistics between the passes."""
 
     @staticmethod
-    def forward(ctx, student, teacher, valid, beta, inv_temp, triton, chunk_rows, inplace, scale):
-        ctx.set_materialize_grads(False)
+    def forward(ctx, student, teacher, valid, beta, inv_temp, triton, chunk_rows, inplace):
         mode = _MODES[loss_kind(beta)]
-        count = valid.sum().clamp_min(1)
-        formed = None
         if triton:
-            weight = None
-            if ctx.needs_input_grad[0] and not inplace:  # the weights of a plain backward()
-                one = torch.ones((), device=student.device)
-                weight = _row_weight(valid, count, one, None, scale, inv_temp, beta, mode)
-            stats, formed = _triton_forward(student, teacher, valid, beta, inv_temp, mode, weight)
+            stats = _triton_forward(student, teacher, valid, beta, inv_temp, mode)
         else:
             stats = _torch_forward(student, teacher, valid, beta, inv_temp, mode, chunk_rows)
-        ctx.save_for_backward(student, teacher, valid, stats, count)
-        ctx.config = (beta, inv_temp, mode, triton, chunk_rows, inplace, scale)
-        ctx.formed = formed
-        per_row = stats[_LOSS].clone()
-        loss = per_row.sum() / count
-        loss = loss * scale if scale != 1.0 else loss
+        ctx.save_for_backward(student, teacher, valid, stats)
+        ctx.config = (beta, inv_temp, mode, triton, chunk_rows, inplace)
         signals = tuple(stats[i].clone() for i in (_H_S, _H_T, _TOP1_T, _LSE_S, _LSE_T))
         ctx.mark_non_differentiable(*signals)
-        return (loss, per_row, *signals)
+        return (stats[_LOSS].clone(), *signals)
 
     @staticmethod
-    def backward(ctx, grad_loss, grad_rows, *_signal_grads):
-        student, teacher, valid, stats, count = ctx.saved_tensors
-        beta, inv_temp, mode, triton, chunk_rows, inplace, scale = ctx.config
-        formed, ctx.formed = ctx.formed, None  # formed for one backward only
-        none = (None,) * 8
-        if grad_loss is None and grad_rows is None:
-            return (None, *none)
-        if formed is not None and grad_rows is None:
-            from distill_guard.kernels.team_loss import triton_scale_unless_one
-
-            triton_scale_unless_one(formed, grad_loss)  # decided on the device: no host read
-            return (formed, *none)
-        weight = _row_weight(
-            valid, count, grad_loss, grad_rows, scale, inv_temp, beta, mode, stats.dtype
-        )
+    def backward(ctx, grad_rows, *_signal_grads):
+        student, teacher, valid, stats = ctx.saved_tensors
+        beta, inv_temp, mode, triton, chunk_rows, inplace = ctx.config
+        # d loss_r / d student logits = grad_r · (1/τ) · ∂loss_r/∂(logits/τ); masked rows get 0
+        weight = torch.where(valid, grad_rows.to(stats.dtype), 0.0) * inv_temp
+        if mode == _MODES[LossKind.JSD]:
+            weight = weight * (1.0 - beta)
         if inplace:
             out = student
             torch.autograd.graph.increment_version(student)
-        elif formed is not None:
-            out = formed  # its rows are all rewritten below
         else:
-            out = torch.empty(student.shape, dtype=student.dtype, device=student.device)
+            out = torch.empty_like(student)
         if triton:
             from distill_guard.triton_kernels import triton_loss_grad
 
             triton_loss_grad(student, teacher, stats, weight, beta, inv_temp, mode, out)
         else:
             _torch_backward(student, teacher, stats, weight, beta, inv_temp, mode, chunk_rows, out)
-        return (out, *none)
+        return out, None, None, None, None, None, None, None
 
 
-TEAM_KERNEL = True
-"""Whether CUDA runs the team kernel (False: the three-pass kernels, for comparison)."""
-_TEAM_REFUSED: set[tuple] = set()
-"""Shapes and devices where the team kernel could not launch (the three passes run)."""
-
-
-def _row_weight(
-    valid, count, grad_loss, grad_rows, scale, inv_temp, beta, mode, dtype=torch.float32
-) -> torch.Tensor:
-    """Each row's weight in the gradient kernels: d loss / d loss_r = grad_loss·scale/count +
-    grad_rows[r] (0 for a masked row), times 1/τ (∂loss_r/∂logits = (1/τ)·∂loss_r/∂(logits/τ))
-    and, for the JSD, its factor 1−β (in the statistics' ``dtype``)."""
-    weight = torch.zeros(valid.shape, dtype=dtype, device=valid.device)
-    if grad_rows is not None:
-        weight = weight + grad_rows.to(dtype)
-    if grad_loss is not None:
-        weight = weight + grad_loss.to(dtype) * scale / count
-    weight = torch.where(valid, weight, 0.0) * inv_temp
-    if mode == _MODES[LossKind.JSD]:
-        weight = weight * (1.0 - beta)
-    return weight
-
-
-def _triton_forward(student, teacher, valid, beta, inv_temp, mode, weight):
-    """The statistics, and the gradient of a plain ``backward()`` when its row ``weight`` is
-    given: each input read from memory once where the team kernel launches, else the
-    three-pass kernels (and no gradient formed: the backward forms it)."""
-    fill = torch.full((7, 1), math.nan, device=student.device)
-    fill[_LOSS:] = 0.0
-    key = (student.device, student.shape[-1], mode, weight is not None)
-    if TEAM_KERNEL and key not in _TEAM_REFUSED:
-        from distill_guard.kernels.team_loss import team_loss
-
-        formed = None
-        if weight is not None:
-            formed = torch.empty(student.shape, dtype=student.dtype, device=student.device)
-        try:
-            stats = team_loss(student, teacher, valid, inv_temp, beta, mode, weight, formed)
-        except Exception as exc:  # the cooperative grid cannot launch here: three passes
-            _TEAM_REFUSED.add(key)
-            log.debug("distill_guard: the team loss kernel did not launch (%s)", exc)
-        else:
-            return torch.where(valid, stats, fill), formed  # masked rows were not read
+def _triton_forward(student, teacher, valid, beta, inv_temp, mode) -> torch.Tensor:
     from distill_guard.triton_kernels import triton_jsd_given_lse, triton_loss_stats
 
     stats = triton_loss_stats(student, teacher, valid, inv_temp, mode)
@@ -374,7 +300,8 @@ def _triton_forward(student, teacher, valid, beta, inv_temp, mode, weight):
             out=stats[_LOSS],
             aux=stats[_AUX],
         )
-    return torch.where(valid, stats, fill), None
+    fill = stats.new_tensor([math.nan] * 5 + [0.0, 0.0]).unsqueeze(1)
+    return torch.where(valid, stats, fill)  # masked rows were not read
 
 
 def _scaled(rows: torch.Tensor, index, dtype: torch.dtype, inv_temp: float) -> torch.Tensor:
