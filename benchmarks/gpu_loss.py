@@ -94,7 +94,8 @@ def _mufu_floor_ms(pairs: int) -> float:
             x = x - 1e-3
         tl.store(out_ptr + tl.program_id(0), tl.sum(acc, axis=0))
 
-    block, programs = 1024, 132 * 16
+    block = 1024
+    programs = 16 * torch.cuda.get_device_properties(0).multi_processor_count
     n_iter = max(1, pairs // (block * programs))
     out = torch.empty(programs, device="cuda")
     ms, _ = measure(lambda: mufu[(programs,)](out, n_iter, BLOCK=block, num_warps=4), 3, 1)

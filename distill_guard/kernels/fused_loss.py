@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from distill_guard.errors import GuardValueError
-from distill_guard.kernels.shared import _as_rows, _row_and_width, tl, triton
+from distill_guard.kernels.shared import _as_rows, _block_update, _row_and_width, tl, triton
 
 MODE_JSD, MODE_FORWARD_KL, MODE_REVERSE_KL = 0, 1, 2
 STATS_ROWS = 7
@@ -41,19 +41,6 @@ def _log2(x, FAST: tl.constexpr):
     return y
 
 
-@triton.jit
-def _exp2(x, FAST: tl.constexpr):
-    """2^x; with FAST the hardware approximation with subnormal results flushed to 0 (one
-    instruction; without ftz the compiler wraps it in a range fix-up), else ``tl.exp2``."""
-    if FAST:
-        y = tl.inline_asm_elementwise(
-            "ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
-        )
-    else:
-        y = tl.exp2(x)
-    return y
-
-
 def _fast_log(x: torch.Tensor) -> bool:
     """PTX inline assembly: NVIDIA GPUs only (not ROCm, not Triton's CPU interpreter)."""
     return x.is_cuda and torch.version.hip is None
@@ -74,63 +61,40 @@ def _loss_stats_kernel(
     MODE: tl.constexpr,
     BLOCK: tl.constexpr,
     STAGES: tl.constexpr = 1,
-    FAST: tl.constexpr = False,
 ):
     row, n_eff = _row_and_width(valid_ptr, n_cols, HAS_VALID)  # masked rows read nothing
     s_base = s_ptr + row * stride_s
     t_base = t_ptr + row * stride_t
-    c = inv_temp * 1.4426950408889634  # in log2 units: u = x·c, v = y·c (x = s/τ, y = t/τ)
-    # running maxima (scalars), and per-lane sums rescaled by them: one reduction per block
-    # (both rows' maxima at once), the sums reduced once after the row (six reductions per
-    # block and the exp's range fix-ups made this pass compute-bound: 59 % of memory
-    # bandwidth on an H200)
-    ms, mt = float("-inf"), float("-inf")
-    ss = tl.zeros([BLOCK], tl.float32)
-    st = tl.zeros([BLOCK], tl.float32)
-    ws = tl.zeros([BLOCK], tl.float32)  # Σ 2^(u - ms)·u, rescaled like ss
-    wt = tl.zeros([BLOCK], tl.float32)
-    wc = tl.zeros([BLOCK], tl.float32)  # the cross term of a KL end: Σ p_t·u or Σ p_s·v
+    ms, mt, ss, st = float("-inf"), float("-inf"), 0.0, 0.0  # running maxima and sums
+    ws = 0.0  # Σ e^(x - ms)·x, rescaled like ss
+    wt = 0.0
+    wc = 0.0  # the cross term of a KL end: Σ p_t·x (forward) or Σ p_s·y (reverse), unnormalised
     for start in tl.range(0, n_eff, BLOCK, num_stages=STAGES):
         cols = start + tl.arange(0, BLOCK)
         mask = cols < n_cols
-        u = tl.load(s_base + cols, mask=mask, other=float("-inf")).to(tl.float32) * c
-        v = tl.load(t_base + cols, mask=mask, other=float("-inf")).to(tl.float32) * c
-        bs, bt = tl.split(tl.max(tl.join(u, v), axis=0))
-        ms_new = tl.maximum(ms, bs)
-        mt_new = tl.maximum(mt, bt)
-        ref_s = tl.where(ms_new == float("-inf"), 0.0, ms_new)
-        ref_t = tl.where(mt_new == float("-inf"), 0.0, mt_new)
-        a_s = tl.exp2(ms - ref_s)
-        a_t = tl.exp2(mt - ref_t)
-        ps = _exp2(u - ref_s, FAST)
-        pt = _exp2(v - ref_t, FAST)
-        ss = ss * a_s + ps
-        st = st * a_t + pt
-        # 2^(u−m)·u is 0 where u = −inf (a max, not a select: 0·(−inf) would be NaN)
-        ws = ws * a_s + ps * tl.maximum(u, -3.0e38)
-        wt = wt * a_t + pt * tl.maximum(v, -3.0e38)
+        x = tl.load(s_base + cols, mask=mask, other=float("-inf")).to(tl.float32) * inv_temp
+        y = tl.load(t_base + cols, mask=mask, other=float("-inf")).to(tl.float32) * inv_temp
+        ms, ss, a_s, ps = _block_update(ms, ss, x)
+        mt, st, a_t, pt = _block_update(mt, st, y)
+        ws = ws * a_s + tl.sum(tl.where(ps == 0, 0.0, ps * x), axis=0)
+        wt = wt * a_t + tl.sum(tl.where(pt == 0, 0.0, pt * y), axis=0)
         if MODE == 1:
-            wc = wc * a_t + pt * tl.maximum(u, -3.0e38)
+            wc = wc * a_t + tl.sum(tl.where(pt == 0, 0.0, pt * x), axis=0)
         if MODE == 2:
-            wc = wc * a_s + ps * tl.maximum(v, -3.0e38)
-        ms, mt = ms_new, mt_new
-    ss = tl.sum(ss, axis=0)
-    st = tl.sum(st, axis=0)
-    e_s = tl.sum(ws, axis=0) / ss * 0.6931471805599453  # E_s[x] (natural units)
-    e_t = tl.sum(wt, axis=0) / st * 0.6931471805599453
-    lse_s = (tl.where(ms == float("-inf"), 0.0, ms) + tl.log2(ss)) * 0.6931471805599453
-    lse_t = (tl.where(mt == float("-inf"), 0.0, mt) + tl.log2(st)) * 0.6931471805599453
+            wc = wc * a_s + tl.sum(tl.where(ps == 0, 0.0, ps * y), axis=0)
+    lse_s = tl.where(ms == float("-inf"), 0.0, ms) + tl.log(ss)
+    lse_t = tl.where(mt == float("-inf"), 0.0, mt) + tl.log(st)
     loss = 0.0
-    if MODE == 1:  # KL(t‖s) = E_t[y] − E_t[x] − lse_t + lse_s
-        loss = e_t - tl.sum(wc, axis=0) / st * 0.6931471805599453 - lse_t + lse_s
-    if MODE == 2:  # KL(s‖t) = E_s[x] − E_s[y] − lse_s + lse_t
-        loss = e_s - tl.sum(wc, axis=0) / ss * 0.6931471805599453 - lse_s + lse_t
+    if MODE == 1:  # KL(t‖s) = Σ p_t·(y − x) − lse_t + lse_s
+        loss = (wt - wc) / st - lse_t + lse_s
+    if MODE == 2:  # KL(s‖t) = Σ p_s·(x − y) − lse_s + lse_t
+        loss = (ws - wc) / ss - lse_s + lse_t
     out = stats_ptr + row
     tl.store(out + 0 * n_rows, lse_s)
     tl.store(out + 1 * n_rows, lse_t)
-    tl.store(out + 2 * n_rows, lse_s - e_s)
-    tl.store(out + 3 * n_rows, lse_t - e_t)
-    tl.store(out + 4 * n_rows, mt * 0.6931471805599453 - lse_t)
+    tl.store(out + 2 * n_rows, lse_s - ws / ss)
+    tl.store(out + 3 * n_rows, lse_t - wt / st)
+    tl.store(out + 4 * n_rows, mt - lse_t)
     tl.store(out + 5 * n_rows, loss)
     tl.store(out + 6 * n_rows, loss)
 
@@ -167,8 +131,8 @@ def _jsd_given_lse_kernel(
         cols, mask, ls, lt = _block_log2_probs(
             s_base, t_base, start, n_cols, c, lse_s, lse_t, BLOCK
         )
-        ps = _exp2(ls, FAST_LOG)
-        pt = _exp2(lt, FAST_LOG)
+        ps = tl.exp2(ls)
+        pt = tl.exp2(lt)
         lm = _log2((1.0 - beta) * ps + beta * pt, FAST_LOG)  # the mixture, in probability space
         acc_s += tl.where(ps == 0, 0.0, ps * (ls - lm))
         acc_t += tl.where(pt == 0, 0.0, pt * (lt - lm))
@@ -212,12 +176,12 @@ def _loss_grad_kernel(
         cols, mask, ls, lt = _block_log2_probs(
             s_base, t_base, start, n_cols, c, lse_s, lse_t, BLOCK
         )
-        ps = _exp2(ls, FAST_LOG)
+        ps = tl.exp2(ls)
         if MODE == 0:  # ∂JSD/∂x = (1−β)·p_s·(ls − lm − KL(s‖m)); (1−β)/τ is in w
-            lm = _log2((1.0 - beta) * ps + beta * _exp2(lt, FAST_LOG), FAST_LOG)
+            lm = _log2((1.0 - beta) * ps + beta * tl.exp2(lt), FAST_LOG)
             g = tl.where(ps == 0, 0.0, ps * ((ls - lm) * 0.6931471805599453 - aux))
         elif MODE == 1:  # ∂KL(t‖s)/∂x = p_s − p_t
-            g = ps - _exp2(lt, FAST_LOG)
+            g = ps - tl.exp2(lt)
         else:  # ∂KL(s‖t)/∂x = p_s·(ls − lt − KL(s‖t))
             g = tl.where(ps == 0, 0.0, ps * ((ls - lt) * 0.6931471805599453 - aux))
         tl.store(g_base + cols, (w * g).to(g_ptr.dtype.element_ty), mask=mask)
@@ -258,8 +222,7 @@ def triton_loss_stats(
             s_ptr=s, t_ptr=t, valid_ptr=v, stats_ptr=stats,
             n_rows=n, n_cols=s.shape[1], stride_s=s.stride(0), stride_t=t.stride(0),
             inv_temp=inv_temp,
-            HAS_VALID=has_valid, MODE=mode, BLOCK=block, STAGES=stages, FAST=_fast_log(s),
-            num_warps=num_warps,
+            HAS_VALID=has_valid, MODE=mode, BLOCK=block, STAGES=stages, num_warps=num_warps,
         )  # fmt: skip
     return stats
 

@@ -18,7 +18,6 @@ from distill_guard.kernels.fused_loss import (
     STATS_BLOCK,
     STATS_NUM_WARPS,
     _block_log2_probs,
-    _exp2,
     _fast_log,
     _log2,
     _loss_stats_kernel,
@@ -68,8 +67,8 @@ def _sub_jsd_kernel(
         cols, mask, ls, lt = _block_log2_probs(
             s_base, t_base, start, n_cols, c, lse_s, lse_t, BLOCK
         )
-        ps = _exp2(ls, FAST_LOG)
-        pt = _exp2(lt, FAST_LOG)
+        ps = tl.exp2(ls)
+        pt = tl.exp2(lt)
         lm = _log2((1.0 - beta) * ps + beta * pt, FAST_LOG)
         acc_s += tl.where(ps == 0, 0.0, ps * (ls - lm))
         acc_t += tl.where(pt == 0, 0.0, pt * (lt - lm))
@@ -127,12 +126,12 @@ def _sub_grad_kernel(
         cols, mask, ls, lt = _block_log2_probs(
             s_base, t_base, start, n_cols, c, lse_s, lse_t, BLOCK
         )
-        ps = _exp2(ls, FAST_LOG)
+        ps = tl.exp2(ls)
         if MODE == 0:
-            lm = _log2((1.0 - beta) * ps + beta * _exp2(lt, FAST_LOG), FAST_LOG)
+            lm = _log2((1.0 - beta) * ps + beta * tl.exp2(lt), FAST_LOG)
             g = tl.where(ps == 0, 0.0, ps * ((ls - lm) * 0.6931471805599453 - aux))
         elif MODE == 1:
-            g = ps - _exp2(lt, FAST_LOG)
+            g = ps - tl.exp2(lt)
         else:
             g = tl.where(ps == 0, 0.0, ps * ((ls - lt) * 0.6931471805599453 - aux))
         tl.store(g_base + cols, (w * g).to(g_ptr.dtype.element_ty), mask=mask)
@@ -169,8 +168,7 @@ class SplitRows:
             s_ptr=xs, t_ptr=ys, valid_ptr=self.sub_valid[sub0:], stats_ptr=self.stats[:, sub0:],
             n_rows=self.n_sub, n_cols=v // s, stride_s=xs.stride(0), stride_t=ys.stride(0),
             inv_temp=inv_temp,
-            HAS_VALID=True, MODE=mode, BLOCK=STATS_BLOCK, FAST=_fast_log(x),
-            num_warps=STATS_NUM_WARPS,
+            HAS_VALID=True, MODE=mode, BLOCK=STATS_BLOCK, num_warps=STATS_NUM_WARPS,
         )  # fmt: skip
         fast = _fast_log(x)
         if mode == 0:
