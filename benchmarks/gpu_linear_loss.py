@@ -19,7 +19,9 @@ Errors are against float64 on all rows (the head's gradient needs every row): |l
 the relative L2 error of each gradient, beside the floor of rounding the exact gradient to bf16
 once. The loss's non-matmul time is set against its bandwidth floor: the float32 logits read
 once and the bf16 gradient rows written once, at the copy bandwidth measured in the same run.
-``--chunks`` also times ours per chunk size. Writes $OUT/gpu_linear_loss.json when $OUT is set.
+``--chunks`` also times ours per chunk size. ``--error-seeds 0 1 2`` measures only the errors, over
+those inputs, with the hidden states' gradient in one product over V and in slices of it;
+``--ab-slices`` times those. Writes $OUT/gpu_linear_loss.json when $OUT is set.
 
 Run: python3 benchmarks/gpu_linear_loss.py [--rows 4096 16384] [--chunks 64 128 256 512]
 (Liger: pip install liger-kernel==0.8.5; its rows are skipped without it)
@@ -43,9 +45,9 @@ V, H, BETA, TOPK = 151_936, 2048, 0.5, 64
 REF_CHUNK = 512
 
 
-def inputs(rows: int) -> dict[str, torch.Tensor]:
+def inputs(rows: int, seed: int = 0) -> dict[str, torch.Tensor]:
     dev = torch.device("cuda")
-    gen = torch.Generator(device=dev).manual_seed(0)
+    gen = torch.Generator(device=dev).manual_seed(seed)
 
     def randn(*shape, scale=1.0):
         return (torch.randn(*shape, device=dev, generator=gen) * scale).to(torch.bfloat16)
@@ -71,14 +73,16 @@ def teacher_topk(x: dict, k: int = TOPK) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat(lps), torch.cat(ids)
 
 
-def reference(x: dict, topk=None) -> dict[str, torch.Tensor]:
-    """Loss and both gradients in float64, chunk by chunk (exact up to float64 rounding)."""
+def reference(x: dict, topk=None, rows_floor: bool = False) -> dict[str, torch.Tensor]:
+    """Loss and both gradients in float64, chunk by chunk (exact up to float64 rounding); with
+    ``rows_floor``, also the hidden states' gradient of exact row gradients rounded to bf16."""
     h, w = x["h"].double(), x["w"].double()
     wt = x["wt"].double()
     n = h.shape[0]
     grad_h = torch.empty_like(h)
     grad_w = torch.zeros_like(w)
     total = torch.zeros((), dtype=torch.float64, device=h.device)
+    rows_rounded = torch.empty_like(h) if rows_floor else None
     for a in range(0, n, REF_CHUNK):
         b = min(a + REF_CHUNK, n)
         s = torch.mm(h[a:b], w.t()).requires_grad_()
@@ -89,10 +93,15 @@ def reference(x: dict, topk=None) -> dict[str, torch.Tensor]:
             t.scatter_(1, topk[1][a:b], topk[0][a:b].double())
         loss = distill_loss(s, t, beta=BETA, backend="torch").per_token.sum() / n
         (g,) = torch.autograd.grad(loss, s)
+        if rows_rounded is not None:  # the row gradients rounded to bf16, the rest exact
+            rows_rounded[a:b] = g.to(torch.bfloat16).double() @ w
         grad_h[a:b] = g @ w
         grad_w.addmm_(g.t(), h[a:b])
         total += loss.detach()
-    return {"loss": total, "grad_h": grad_h, "grad_w": grad_w}
+    out = {"loss": total, "grad_h": grad_h, "grad_w": grad_w}
+    if rows_rounded is not None:
+        out["grad_h_rows_rounded"] = rows_rounded.to(torch.bfloat16)
+    return out
 
 
 def rel(a: torch.Tensor, ref: torch.Tensor) -> float:
@@ -298,10 +307,78 @@ def run_rows(rows: int, liger: dict, chunks: list[int]) -> dict:
     return res
 
 
+def _with_slice(cols, fn):
+    """fn() with the hidden states' gradient contracted in slices of ``cols`` of V (None: one
+    product over V)."""
+    default = linear_loss.GRAD_H_SLICE_COLS
+    linear_loss.GRAD_H_SLICE_COLS = cols
+    try:
+        return fn()
+    finally:
+        linear_loss.GRAD_H_SLICE_COLS = default
+
+
+SLICES = (None, 16384, 32768)
+
+
+def error_seeds(rows: int, seeds: list[int], liger: dict) -> dict:
+    """The gradients' errors against float64 over several inputs (no timing). Ours and Liger's
+    fused-linear share the rounding (float32 logits, bf16 row gradients, float32-accumulated
+    matmuls); ``rows_rounded`` is the exact row gradients rounded to bf16 and the rest exact,
+    rounded once: what that rounding costs. Ours is run with the hidden states' gradient in one
+    product over V and in slices of it (``ours_slice<cols>``)."""
+    res: dict = {"rows": rows, "seeds": {}}
+    for seed in seeds:
+        x = inputs(rows, seed)
+        ref = reference(x, rows_floor=True)
+        one = {
+            "bf16_rounding_floor": rel(ref["grad_h"].to(torch.bfloat16), ref["grad_h"]),
+            "rows_rounded": rel(ref.pop("grad_h_rows_rounded"), ref["grad_h"]),
+        }
+        fns = methods(x, None, liger)
+        for cols in SLICES:
+            loss, g = _with_slice(cols, fns["ours"])
+            one[f"ours_slice{cols}"] = errors(loss, g, ref)
+            del loss, g
+        for name in ("liger_fused_linear", "liger_fused_linear_fp32_accum"):
+            if name in fns:
+                loss, g = fns[name]()
+                one[name] = errors(loss, g, ref)
+                del loss, g
+        res["seeds"][seed] = one
+        print(f"  seed {seed}: " + json.dumps(one), flush=True)
+        del x, ref, fns
+        torch.cuda.empty_cache()
+    return res
+
+
+def ab_slices(rows: int) -> dict:
+    """Ours fwd + bwd per slicing of the hidden states' gradient and per tile rows of the
+    sub-row statistics pass, same inputs, interleaved."""
+    from distill_guard.kernels import split_rows
+
+    x = inputs(rows)
+    run = methods(x, None, {})["ours"]
+    out: dict = {}
+    default_tile = split_rows.SUB_ROW_TILE_ROWS
+    for _ in range(2):
+        for tile in (2, 4, 8):
+            split_rows.SUB_ROW_TILE_ROWS = tile
+            for cols in SLICES:
+                ms, peak = _with_slice(cols, lambda: measure(run))
+                key = f"tile{tile}_slice{cols}"
+                out.setdefault(key, []).append({"ms": ms, "peak_extra_MB": peak})
+                print(f"  ours rows {rows}, {key}: {ms:.2f} ms, {peak:.0f} MB", flush=True)
+    split_rows.SUB_ROW_TILE_ROWS = default_tile
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, nargs="+", default=[4096, 16384])
     ap.add_argument("--chunks", type=int, nargs="*", default=[])
+    ap.add_argument("--error-seeds", type=int, nargs="*", default=[])
+    ap.add_argument("--ab-slices", action="store_true")
     args = ap.parse_args()
     liger: dict = {}
     try:
@@ -325,6 +402,14 @@ def main() -> None:
         "runs": [],
     }
     print(f"# {res['device']}  torch {res['torch']}  triton {res['triton']}  liger {liger_version}")
+    if args.error_seeds or args.ab_slices:
+        for rows in args.rows:
+            print(f"## rows {rows}", flush=True)
+            if args.error_seeds:
+                res.setdefault("error_seeds", []).append(error_seeds(rows, args.error_seeds, liger))
+            if args.ab_slices:
+                res.setdefault("ab_slices", []).append(ab_slices(rows))
+        args.rows = []
     for rows in args.rows:
         print(f"## rows {rows}", flush=True)
         r = run_rows(rows, liger, args.chunks)

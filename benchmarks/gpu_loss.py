@@ -15,7 +15,7 @@ The exp unit's floor is the time of the loss's 8 hardware exp2/log2 per element 
 The forward JSD signal (``signals.jsd_from_logits``) is timed given the loss's log-normalisers
 (one read of each input) and without (two), against a device-to-device copy of one input
 (read + write bytes / time) measured in the same run. ``--sweep`` also times the three kernels
-per block size × warps. Writes $OUT/gpu_loss.json when $OUT is set.
+per tile or block size × warps. Writes $OUT/gpu_loss.json when $OUT is set.
 
 Run: python3 benchmarks/gpu_loss.py [--rows 4096 16384] [--sweep]   (Liger: pip install
 liger-kernel==0.8.5; its rows are skipped without it)
@@ -241,11 +241,17 @@ def sweep(rows: int) -> dict:
     weight = torch.full((rows,), 1.0 / rows, device=dev)
     grad = torch.empty_like(s)
     out = {}
+    for r, c, w in [(8, 1024, 4), (4, 1024, 4), (2, 1024, 4), (4, 512, 2), (4, 2048, 8),
+                    (8, 2048, 8), (16, 512, 4)]:  # fmt: skip
+        kw = {"tile_rows": r, "tile_cols": c, "num_warps": w}
+        a, _ = measure(lambda kw=kw: tk.triton_loss_stats(s, t, None, 1.0, 0, **kw), 3, 1)
+        key = f"stats_tile{r}x{c}x{w}"
+        out[key] = {"stats_GBps": 2 * nbytes / (a / 1e3) / 1e9}
+        print(f"sweep {key:22s} stats_GBps {out[key]['stats_GBps']:6.0f}")
     for block, warps, stages in [
         (b, w, st) for b in (1024, 2048, 4096) for w in (4, 8) for st in (1, 2, 3, 4)
     ]:
         kw = {"block": block, "num_warps": warps, "stages": stages}
-        a, _ = measure(lambda kw=kw: tk.triton_loss_stats(s, t, None, 1.0, 0, **kw), 3, 1)
         b, _ = measure(
             lambda kw=kw: tk.triton_jsd_given_lse(
                 s, t, stats[tk.STAT_LSE_S], stats[tk.STAT_LSE_T], BETA, **kw
@@ -260,7 +266,6 @@ def sweep(rows: int) -> dict:
         )
         key = f"{block}x{warps}s{stages}"
         out[key] = {
-            "stats_GBps": 2 * nbytes / (a / 1e3) / 1e9,
             "jsd_given_lse_GBps": 2 * nbytes / (b / 1e3) / 1e9,
             "grad_GBps": 3 * nbytes / (c / 1e3) / 1e9,  # two reads, one write
         }

@@ -123,21 +123,24 @@ def main() -> None:
         sweep = {}
         for block in (1024, 2048, 4096, 8192):
             for warps in (4, 8, 16):
-                e_ms, _ = measure(
-                    lambda b=block, w=warps: triton_entropy(s, block=b, num_warps=w), 3, 1
-                )
                 j_ms, _ = measure(
                     lambda b=block, w=warps: triton_jsd(s, t, 0.5, block=b, num_warps=w), 3, 1
                 )
-                sweep[f"{block}x{warps}"] = {
-                    "entropy_frac": nbytes / (e_ms / 1e3) / copy_bw,
-                    "jsd_frac": 2 * nbytes / (j_ms / 1e3) / copy_bw,
-                }
+                sweep[f"{block}x{warps}"] = {"jsd_frac": 2 * nbytes / (j_ms / 1e3) / copy_bw}
+        for r, c, w in [(8, 1024, 4), (4, 1024, 4), (2, 1024, 4), (4, 512, 2), (4, 2048, 8),
+                        (8, 2048, 8), (16, 512, 4)]:  # fmt: skip
+            kw = {"tile_rows": r, "tile_cols": c, "num_warps": w}
+            e_ms, _ = measure(lambda kw=kw: triton_entropy(s, **kw), 3, 1)
+            key = f"tile{r}x{c}x{w}"
+            sweep[key] = {"entropy_frac": nbytes / (e_ms / 1e3) / copy_bw}
+            print(
+                f"sweep entropy {key:16s} {e_ms:.3f} ms {sweep[key]['entropy_frac']:6.1%} of copy bw"
+            )
         res["sweep"] = sweep
         for k, v in sweep.items():
-            print(
-                f"sweep block x warps {k:>9}: entropy {v['entropy_frac']:6.1%}  jsd {v['jsd_frac']:6.1%} of copy bw"
-            )
+            if "jsd_frac" not in v:
+                continue
+            print(f"sweep jsd block x warps {k:>9}: {v['jsd_frac']:6.1%} of copy bw")
 
     for sig in ("entropy", "jsd"):
         fast, plain = res[f"{sig}_triton"], res[f"{sig}_plain"]

@@ -52,6 +52,12 @@ Liger's), within these. A product of C rows does about C FLOP per byte of the he
 from 128 rows the head's re-reads cost little time, and 512 is where the H200 stops gaining."""
 _GROUP_CHUNKS = 4
 """Chunks of gradient rows per hidden-state-gradient and head-gradient matmul."""
+GRAD_H_SLICE_COLS: int | None = 32768
+"""Vocabulary columns per product of the hidden states' gradient on CUDA, the products summed in
+float32. One product over all of V (a group of 2048 rows at N = 16384) left that gradient
+0.3 % further from float64 than the rounding of its rows to bf16 alone, on every input tried;
+in slices of 32768 it is at that rounding, for about 0.2 ms (benchmarks/RESULTS.md 11). None:
+one product."""
 _MIN_SPLIT_COLS = 4096
 """The narrowest sub-row the kernels get: two blocks of 2048 columns."""
 
@@ -337,7 +343,7 @@ class _GradBuffers:
             return
         g, rows = self.rows[:m], self.hidden[a : a + m]
         if self.grad_h is not None:  # float32, rounded once to the hidden states' dtype
-            self.grad_h[a : a + m] = _mm_float32(g, self.s_head).mul_(self.inv_count)
+            self.grad_h[a : a + m] = _mm_sliced(g, self.s_head).mul_(self.inv_count)
         if self.grad_w is not None:
             if self.grad_w.dtype != torch.float32:  # in the head's dtype; 1/n carried by the rows
                 self.grad_w.addmm_(g.t(), (rows.float() * self.inv_count).to(g.dtype))
@@ -380,6 +386,21 @@ def _mm_float32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if a.is_cuda:
         return torch.mm(a, b, out_dtype=torch.float32)
     return torch.mm(a.float(), b.float())
+
+
+def _mm_sliced(g: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
+    """``g @ head`` as float32, the contraction over V cut into :data:`GRAD_H_SLICE_COLS`
+    slices on CUDA whose products are summed in float32."""
+    k, v = GRAD_H_SLICE_COLS, g.shape[1]
+    if not g.is_cuda or k is None or v <= k:
+        return _mm_float32(g, head)
+    out = _mm_float32(g[:, :k], head[:k])
+    for a in range(k, v, k):
+        if g.dtype == torch.float32:
+            out.addmm_(g[:, a : a + k], head[a : a + k])
+        else:
+            torch.addmm(out, g[:, a : a + k], head[a : a + k], out_dtype=torch.float32, out=out)
+    return out
 
 
 def _splits(rows: int, vocab: int) -> int:

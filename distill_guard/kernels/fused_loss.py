@@ -6,13 +6,24 @@ from __future__ import annotations
 import torch
 
 from distill_guard.errors import GuardValueError
-from distill_guard.kernels.shared import _as_rows, _block_update, _row_and_width, tl, triton
+from distill_guard.kernels.shared import (
+    _as_rows,
+    _lane_fold,
+    _lanes_merged,
+    _row_and_width,
+    _row_tile,
+    tl,
+    triton,
+)
 
 MODE_JSD, MODE_FORWARD_KL, MODE_REVERSE_KL = 0, 1, 2
 STATS_ROWS = 7
 """Rows of the ``[7, N]`` float32 statistics: see the ``STAT_*`` indices."""
 STAT_LSE_S, STAT_LSE_T, STAT_H_S, STAT_H_T, STAT_TOP1_T, STAT_LOSS, STAT_AUX = range(7)
-STATS_BLOCK, STATS_NUM_WARPS, STATS_STAGES = 2048, 4, 1
+STATS_TILE_ROWS, STATS_TILE_COLS, STATS_NUM_WARPS = 8, 1024, 4
+"""The statistics pass reads a row as ``[8, 1024]`` tiles and keeps a running max and sums per
+column lane, merged once at the row's end: no reduction across threads (barriers, shuffles)
+inside the loop, and 16 loads of 16 bytes in flight per thread (benchmarks/RESULTS.md 9b)."""
 PASS_BLOCK, PASS_NUM_WARPS, PASS_STAGES = 2048, 8, 1
 """Block, warps and software-pipelining stages of each kernel's loop (benchmarks/gpu_loss.py
 --sweep on an H200: benchmarks/RESULTS.md)."""
@@ -59,42 +70,55 @@ def _loss_stats_kernel(
     inv_temp,
     HAS_VALID: tl.constexpr,
     MODE: tl.constexpr,
-    BLOCK: tl.constexpr,
-    STAGES: tl.constexpr = 1,
+    ROWS: tl.constexpr,
+    COLS: tl.constexpr,
 ):
     row, n_eff = _row_and_width(valid_ptr, n_cols, HAS_VALID)  # masked rows read nothing
     s_base = s_ptr + row * stride_s
     t_base = t_ptr + row * stride_t
-    ms, mt, ss, st = float("-inf"), float("-inf"), 0.0, 0.0  # running maxima and sums
-    ws = 0.0  # Σ e^(x - ms)·x, rescaled like ss
-    wt = 0.0
-    wc = 0.0  # the cross term of a KL end: Σ p_t·x (forward) or Σ p_s·y (reverse), unnormalised
-    for start in tl.range(0, n_eff, BLOCK, num_stages=STAGES):
-        cols = start + tl.arange(0, BLOCK)
-        mask = cols < n_cols
-        x = tl.load(s_base + cols, mask=mask, other=float("-inf")).to(tl.float32) * inv_temp
-        y = tl.load(t_base + cols, mask=mask, other=float("-inf")).to(tl.float32) * inv_temp
-        ms, ss, a_s, ps = _block_update(ms, ss, x)
-        mt, st, a_t, pt = _block_update(mt, st, y)
-        ws = ws * a_s + tl.sum(tl.where(ps == 0, 0.0, ps * x), axis=0)
-        wt = wt * a_t + tl.sum(tl.where(pt == 0, 0.0, pt * y), axis=0)
+    c = inv_temp * 1.4426950408889634
+    ms = tl.full([COLS], float("-inf"), tl.float32)
+    mt = tl.full([COLS], float("-inf"), tl.float32)
+    ss = tl.zeros([COLS], tl.float32)
+    st = tl.zeros([COLS], tl.float32)
+    ws = tl.zeros([COLS], tl.float32)
+    wt = tl.zeros([COLS], tl.float32)
+    wc = tl.zeros([COLS], tl.float32)  # a KL end's cross term: Σ 2^t_t·x or Σ 2^t_s·y, per lane
+    TILE: tl.constexpr = ROWS * COLS
+    n_full = (n_eff // TILE) * TILE
+    for start in range(0, n_full, TILE):  # whole tiles, unmasked
+        x, y = _row_tile(s_base, t_base, start, n_cols, ROWS, COLS, False)
+        ms, ss, ws, a_s, ps = _lane_fold(ms, ss, ws, x, c)
+        mt, st, wt, a_t, pt = _lane_fold(mt, st, wt, y, c)
         if MODE == 1:
             wc = wc * a_t + tl.sum(tl.where(pt == 0, 0.0, pt * x), axis=0)
         if MODE == 2:
             wc = wc * a_s + tl.sum(tl.where(ps == 0, 0.0, ps * y), axis=0)
-    lse_s = tl.where(ms == float("-inf"), 0.0, ms) + tl.log(ss)
-    lse_t = tl.where(mt == float("-inf"), 0.0, mt) + tl.log(st)
+    if n_full < n_eff:  # the row's last, partial tile
+        x, y = _row_tile(s_base, t_base, n_full, n_cols, ROWS, COLS, True)
+        ms, ss, ws, a_s, ps = _lane_fold(ms, ss, ws, x, c)
+        mt, st, wt, a_t, pt = _lane_fold(mt, st, wt, y, c)
+        if MODE == 1:
+            wc = wc * a_t + tl.sum(tl.where(pt == 0, 0.0, pt * x), axis=0)
+        if MODE == 2:
+            wc = wc * a_s + tl.sum(tl.where(ps == 0, 0.0, ps * y), axis=0)
+    top_s, sum_s, w_s, lane_s = _lanes_merged(ms, ss, ws, c)
+    top_t, sum_t, w_t, lane_t = _lanes_merged(mt, st, wt, c)
+    lse_s = tl.where(top_s == float("-inf"), 0.0, top_s) * inv_temp + tl.log(sum_s)
+    lse_t = tl.where(top_t == float("-inf"), 0.0, top_t) * inv_temp + tl.log(sum_t)
+    h_s = tl.log(sum_s) - w_s / sum_s * 0.6931471805599453  # H = ln Σ 2^t − E[t]·ln 2
+    h_t = tl.log(sum_t) - w_t / sum_t * 0.6931471805599453
     loss = 0.0
-    if MODE == 1:  # KL(t‖s) = Σ p_t·(y − x) − lse_t + lse_s
-        loss = (wt - wc) / st - lse_t + lse_s
-    if MODE == 2:  # KL(s‖t) = Σ p_s·(x − y) − lse_s + lse_t
-        loss = (ws - wc) / ss - lse_s + lse_t
+    if MODE == 1:  # KL(t‖s) = E_t[y] − E_t[x] − lse_t + lse_s, E_t[y] = lse_t − H_t
+        loss = lse_s - h_t - tl.sum(lane_t * wc, axis=0) / sum_t * inv_temp
+    if MODE == 2:  # KL(s‖t) = lse_t − H_s − E_s[y]
+        loss = lse_t - h_s - tl.sum(lane_s * wc, axis=0) / sum_s * inv_temp
     out = stats_ptr + row
     tl.store(out + 0 * n_rows, lse_s)
     tl.store(out + 1 * n_rows, lse_t)
-    tl.store(out + 2 * n_rows, lse_s - ws / ss)
-    tl.store(out + 3 * n_rows, lse_t - wt / st)
-    tl.store(out + 4 * n_rows, mt - lse_t)
+    tl.store(out + 2 * n_rows, h_s)
+    tl.store(out + 3 * n_rows, h_t)
+    tl.store(out + 4 * n_rows, top_t * inv_temp - lse_t)
     tl.store(out + 5 * n_rows, loss)
     tl.store(out + 6 * n_rows, loss)
 
@@ -203,9 +227,9 @@ def triton_loss_stats(
     inv_temp: float,
     mode: int,
     *,
-    block: int = STATS_BLOCK,
+    tile_rows: int = STATS_TILE_ROWS,
+    tile_cols: int = STATS_TILE_COLS,
     num_warps: int = STATS_NUM_WARPS,
-    stages: int = STATS_STAGES,
 ) -> torch.Tensor:
     """``[7, N]`` float32 statistics of ``[N, V]`` rows at temperature 1/inv_temp, one read
     each (rows where ``valid`` is False are not read; their entries are meaningless)."""
@@ -222,7 +246,7 @@ def triton_loss_stats(
             s_ptr=s, t_ptr=t, valid_ptr=v, stats_ptr=stats,
             n_rows=n, n_cols=s.shape[1], stride_s=s.stride(0), stride_t=t.stride(0),
             inv_temp=inv_temp,
-            HAS_VALID=has_valid, MODE=mode, BLOCK=block, STAGES=stages, num_warps=num_warps,
+            HAS_VALID=has_valid, MODE=mode, ROWS=tile_rows, COLS=tile_cols, num_warps=num_warps,
         )  # fmt: skip
     return stats
 

@@ -27,6 +27,49 @@ def _block_update(m, s, x):
 
 
 @triton.jit
+def _lane_fold(m, s, w, x, c):
+    """Fold a ``[ROWS, COLS]`` tile ``x`` of raw logits into each column lane's running max ``m``
+    (raw), ``s = Σ 2^t`` and ``w = Σ 2^t·t``, ``t = (x − m)·c`` in log₂ units. ``t`` is clamped at
+    −200 (2^−200 is 0 in float32) so a −inf logit adds 0, not NaN; a NaN logit stays NaN."""
+    m_new = tl.maximum(m, tl.max(x, axis=0))
+    safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    d = tl.where(m == float("-inf"), 0.0, (m - safe) * c)  # ≤ 0: the old max against the new
+    alpha = tl.exp2(d)
+    t = tl.maximum(x * c - (safe * c)[None, :], -200.0, propagate_nan=tl.PropagateNan.ALL)
+    p = tl.exp2(t)
+    w = alpha * (w + d * s) + tl.sum(p * t, axis=0)
+    s = alpha * s + tl.sum(p, axis=0)
+    return m_new, s, w, alpha, p
+
+
+@triton.jit
+def _lanes_merged(m, s, w, c):
+    """A row's (max, Σ 2^t, Σ 2^t·t), ``t`` against the row's max, from its lanes'; and each
+    lane's factor 2^(m_lane − max)·…, to merge other per-lane sums the same way."""
+    top = tl.max(m, axis=0)
+    safe = tl.where(top == float("-inf"), 0.0, top)
+    d = tl.where(m == float("-inf"), 0.0, (m - safe) * c)
+    a = tl.exp2(d)
+    return top, tl.sum(a * s, axis=0), tl.sum(a * (w + d * s), axis=0), a
+
+
+@triton.jit
+def _row_tile(s_base, t_base, start, n_cols, ROWS: tl.constexpr, COLS: tl.constexpr,
+              MASKED: tl.constexpr):  # fmt: skip
+    """Columns ``start + [0, ROWS·COLS)`` of both rows as float32 ``[ROWS, COLS]`` tiles; with
+    MASKED, −inf past the row's end."""
+    cols = start + tl.arange(0, ROWS)[:, None] * COLS + tl.arange(0, COLS)[None, :]
+    if MASKED:
+        mask = cols < n_cols
+        x = tl.load(s_base + cols, mask=mask, other=float("-inf")).to(tl.float32)
+        y = tl.load(t_base + cols, mask=mask, other=float("-inf")).to(tl.float32)
+    else:
+        x = tl.load(s_base + cols).to(tl.float32)
+        y = tl.load(t_base + cols).to(tl.float32)
+    return x, y
+
+
+@triton.jit
 def _row_and_width(valid_ptr, n_cols, HAS_VALID: tl.constexpr):
     """This program's row, and how many of its columns it reads: none for a masked row."""
     row = tl.program_id(0).to(tl.int64)

@@ -6,28 +6,42 @@ from __future__ import annotations
 import torch
 
 from distill_guard.errors import GuardValueError
-from distill_guard.kernels.shared import _as_rows, _block_update, tl, triton
+from distill_guard.kernels.shared import (
+    _as_rows,
+    _block_update,
+    _lane_fold,
+    _lanes_merged,
+    tl,
+    triton,
+)
 
-# Chosen by the sweep in benchmarks/gpu_signals.py on an H200 (benchmarks/RESULTS.md).
-BLOCK, NUM_WARPS = 4096, 4
+# Chosen by the sweeps in benchmarks/gpu_signals.py on an H200 (benchmarks/RESULTS.md): the
+# entropy reads a row as [8, 1024] tiles with a running max and sums per column lane (no
+# reduction across threads inside the loop), as the loss's statistics pass does.
+TILE_ROWS, TILE_COLS, NUM_WARPS = 8, 1024, 4
 JSD_BLOCK, JSD_NUM_WARPS = 1024, 4
 
 
 @triton.jit
-def _entropy_kernel(x_ptr, out_ptr, n_cols, stride_row, BLOCK: tl.constexpr):
+def _entropy_kernel(x_ptr, out_ptr, n_cols, stride_row, ROWS: tl.constexpr,
+                          COLS: tl.constexpr):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     base = x_ptr + row * stride_row
-    m = float("-inf")
-    s = 0.0
-    w = 0.0  # running sum of p * x, rescaled like s
-    for start in range(0, n_cols, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        x = tl.load(base + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
-        m, s, alpha, p = _block_update(m, s, x)
-        w = w * alpha + tl.sum(tl.where(p == 0, 0.0, p * x), axis=0)
-    safe = tl.where(m == float("-inf"), 0.0, m)
-    # H = log Z - E[x], with log Z = m + log s and E[x] = w / s
-    tl.store(out_ptr + row, safe + tl.log(s) - w / s)
+    m = tl.full([COLS], float("-inf"), tl.float32)
+    s = tl.zeros([COLS], tl.float32)
+    w = tl.zeros([COLS], tl.float32)
+    TILE: tl.constexpr = ROWS * COLS
+    n_full = (n_cols // TILE) * TILE
+    cols = tl.arange(0, ROWS)[:, None] * COLS + tl.arange(0, COLS)[None, :]
+    for start in range(0, n_full, TILE):  # whole tiles, unmasked
+        x = tl.load(base + start + cols).to(tl.float32)
+        m, s, w, _a, _p = _lane_fold(m, s, w, x, 1.4426950408889634)
+    if n_full < n_cols:
+        x = tl.load(base + n_full + cols, mask=n_full + cols < n_cols, other=float("-inf"))
+        m, s, w, _a, _p = _lane_fold(m, s, w, x.to(tl.float32), 1.4426950408889634)
+    _top, total, wt, _lane = _lanes_merged(m, s, w, 1.4426950408889634)
+    # H = ln Σ 2^t − E[t]·ln 2, t = (x − max)·log₂e
+    tl.store(out_ptr + row, tl.log(total) - wt / total * 0.6931471805599453)
 
 
 @triton.jit
@@ -62,7 +76,11 @@ def _jsd_kernel(s_ptr, t_ptr, out_ptr, n_cols, stride_s, stride_t, beta, BLOCK: 
 
 
 def triton_entropy(
-    logits: torch.Tensor, *, block: int = BLOCK, num_warps: int = NUM_WARPS
+    logits: torch.Tensor,
+    *,
+    tile_rows: int = TILE_ROWS,
+    tile_cols: int = TILE_COLS,
+    num_warps: int = NUM_WARPS,
 ) -> torch.Tensor:
     """Per-row entropy of ``[..., V]`` logits in float32, one read of the input."""
     rows = _as_rows(logits)
@@ -71,7 +89,7 @@ def triton_entropy(
         # H(p) = logsumexp(x) − Σ_v p_v·x_v per row x, p = softmax(x)
         _entropy_kernel[(rows.shape[0],)](
             x_ptr=rows, out_ptr=out, n_cols=rows.shape[1], stride_row=rows.stride(0),
-            BLOCK=block, num_warps=num_warps,
+            ROWS=tile_rows, COLS=tile_cols, num_warps=num_warps,
         )  # fmt: skip
     return out.reshape(logits.shape[:-1])
 

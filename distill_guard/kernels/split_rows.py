@@ -15,14 +15,18 @@ import torch
 from distill_guard.kernels.fused_loss import (
     PASS_BLOCK,
     PASS_NUM_WARPS,
-    STATS_BLOCK,
     STATS_NUM_WARPS,
+    STATS_TILE_COLS,
     _block_log2_probs,
     _fast_log,
     _log2,
     _loss_stats_kernel,
 )
 from distill_guard.kernels.shared import tl, triton
+
+SUB_ROW_TILE_ROWS = 4
+"""Rows of the statistics pass's ``[ROWS, 1024]`` tiles on sub-rows (a few thousand to tens of
+thousands of columns, where a row's last tile is mostly past its end)."""
 
 
 @triton.jit
@@ -168,7 +172,8 @@ class SplitRows:
             s_ptr=xs, t_ptr=ys, valid_ptr=self.sub_valid[sub0:], stats_ptr=self.stats[:, sub0:],
             n_rows=self.n_sub, n_cols=v // s, stride_s=xs.stride(0), stride_t=ys.stride(0),
             inv_temp=inv_temp,
-            HAS_VALID=True, MODE=mode, BLOCK=STATS_BLOCK, num_warps=STATS_NUM_WARPS,
+            HAS_VALID=True, MODE=mode, ROWS=SUB_ROW_TILE_ROWS, COLS=STATS_TILE_COLS,
+            num_warps=STATS_NUM_WARPS,
         )  # fmt: skip
         fast = _fast_log(x)
         if mode == 0:
