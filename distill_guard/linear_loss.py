@@ -54,10 +54,10 @@ _GROUP_CHUNKS = 4
 """Chunks of gradient rows per hidden-state-gradient and head-gradient matmul."""
 GRAD_H_SLICE_COLS: int | None = 32768
 """Vocabulary columns per product of the hidden states' gradient on CUDA, the products summed in
-float32. One product over all of V (a group of 2048 rows at N = 16384) left that gradient
-0.3 % further from float64 than the rounding of its rows to bf16 alone, on every input tried;
-in slices of 32768 it is at that rounding, for about 0.2 ms (benchmarks/RESULTS.md 11). None:
-one product."""
+float32. On an H200, one product over all of V (groups of 2048 rows at N = 4096 and 16384)
+left that gradient 0.3 % further from float64 than the rounding of its rows to bf16 alone, on
+every input tried (why is not established); in slices of 32768 it is at that rounding, at no
+cost measurable beside run-to-run noise (benchmarks/RESULTS.md 11). None: one product."""
 _MIN_SPLIT_COLS = 4096
 """The narrowest sub-row the kernels get: two blocks of 2048 columns."""
 
