@@ -58,6 +58,19 @@ def _fast_log(x: torch.Tensor) -> bool:
 
 
 @triton.jit
+def _pair_fold(ms, ss, ws, mt, st, wt, wc, x, y, c, MODE: tl.constexpr):
+    """One tile of both rows folded into their lanes' running statistics, and for a KL end
+    (MODE 1: forward, 2: reverse) into the cross term ``wc``, rescaled with the max it follows."""
+    ms, ss, ws, a_s, ps = _lane_fold(ms, ss, ws, x, c)
+    mt, st, wt, a_t, pt = _lane_fold(mt, st, wt, y, c)
+    if MODE == 1:
+        wc = wc * a_t + tl.sum(tl.where(pt == 0, 0.0, pt * x), axis=0)
+    if MODE == 2:
+        wc = wc * a_s + tl.sum(tl.where(ps == 0, 0.0, ps * y), axis=0)
+    return ms, ss, ws, mt, st, wt, wc
+
+
+@triton.jit
 def _loss_stats_kernel(
     s_ptr,
     t_ptr,
@@ -88,20 +101,10 @@ def _loss_stats_kernel(
     n_full = (n_eff // TILE) * TILE
     for start in range(0, n_full, TILE):  # whole tiles, unmasked
         x, y = _row_tile(s_base, t_base, start, n_cols, ROWS, COLS, False)
-        ms, ss, ws, a_s, ps = _lane_fold(ms, ss, ws, x, c)
-        mt, st, wt, a_t, pt = _lane_fold(mt, st, wt, y, c)
-        if MODE == 1:
-            wc = wc * a_t + tl.sum(tl.where(pt == 0, 0.0, pt * x), axis=0)
-        if MODE == 2:
-            wc = wc * a_s + tl.sum(tl.where(ps == 0, 0.0, ps * y), axis=0)
+        ms, ss, ws, mt, st, wt, wc = _pair_fold(ms, ss, ws, mt, st, wt, wc, x, y, c, MODE)
     if n_full < n_eff:  # the row's last, partial tile
         x, y = _row_tile(s_base, t_base, n_full, n_cols, ROWS, COLS, True)
-        ms, ss, ws, a_s, ps = _lane_fold(ms, ss, ws, x, c)
-        mt, st, wt, a_t, pt = _lane_fold(mt, st, wt, y, c)
-        if MODE == 1:
-            wc = wc * a_t + tl.sum(tl.where(pt == 0, 0.0, pt * x), axis=0)
-        if MODE == 2:
-            wc = wc * a_s + tl.sum(tl.where(ps == 0, 0.0, ps * y), axis=0)
+        ms, ss, ws, mt, st, wt, wc = _pair_fold(ms, ss, ws, mt, st, wt, wc, x, y, c, MODE)
     top_s, sum_s, w_s, lane_s = _lanes_merged(ms, ss, ws, c)
     top_t, sum_t, w_t, lane_t = _lanes_merged(mt, st, wt, c)
     lse_s = tl.where(top_s == float("-inf"), 0.0, top_s) * inv_temp + tl.log(sum_s)
