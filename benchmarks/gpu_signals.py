@@ -61,7 +61,11 @@ def measure(fn, repeat: int = 5, warmup: int = 2) -> tuple[float, float]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=16384)
-    ap.add_argument("--sweep", action="store_true", help="also time the kernels per block/warps")
+    ap.add_argument(
+        "--sweep",
+        action="store_true",
+        help="also time the kernels per tile (entropy) or block (JSD) x warps",
+    )
     args = ap.parse_args()
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)

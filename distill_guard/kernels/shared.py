@@ -45,7 +45,8 @@ def _lane_fold(m, s, w, x, c):
 @triton.jit
 def _lanes_merged(m, s, w, c):
     """A row's (max, Σ 2^t, Σ 2^t·t), ``t`` against the row's max, from its lanes'; and each
-    lane's factor 2^(m_lane − max)·…, to merge other per-lane sums the same way."""
+    lane's factor 2^((m_lane − max)·c), which merges any other per-lane sum of the same lane's
+    exponentials (a KL end's cross term) the same way."""
     top = tl.max(m, axis=0)
     safe = tl.where(top == float("-inf"), 0.0, top)
     d = tl.where(m == float("-inf"), 0.0, (m - safe) * c)
