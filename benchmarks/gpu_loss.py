@@ -31,7 +31,7 @@ import math
 import os
 
 import torch
-from gpu_signals import measure  # the same timing and peak-memory yardstick as §2
+from gpu_signals import TILE_SWEEP, measure  # the same yardstick as §2, the same tiles swept
 
 from distill_guard.losses import distill_loss
 from distill_guard.signals import jsd_from_logits
@@ -241,8 +241,7 @@ def sweep(rows: int) -> dict:
     weight = torch.full((rows,), 1.0 / rows, device=dev)
     grad = torch.empty_like(s)
     out = {}
-    for r, c, w in [(8, 1024, 4), (4, 1024, 4), (2, 1024, 4), (4, 512, 2), (4, 2048, 8),
-                    (8, 2048, 8), (16, 512, 4)]:  # fmt: skip
+    for r, c, w in TILE_SWEEP:
         kw = {"tile_rows": r, "tile_cols": c, "num_warps": w}
         a, _ = measure(lambda kw=kw: tk.triton_loss_stats(s, t, None, 1.0, 0, **kw), 3, 1)
         key = f"stats_tile{r}x{c}x{w}"

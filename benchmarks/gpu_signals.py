@@ -39,6 +39,12 @@ def plain_jsd(s: torch.Tensor, t: torch.Tensor, beta: float = 0.5) -> torch.Tens
     return (1 - beta) * (ls.exp() * (ls - lm)).sum(-1) + beta * (lt.exp() * (lt - lm)).sum(-1)
 
 
+TILE_SWEEP = ((8, 1024, 4), (4, 1024, 4), (2, 1024, 4), (4, 512, 2), (4, 2048, 8), (8, 2048, 8),
+              (16, 512, 4))  # fmt: skip
+"""(tile rows, tile columns, warps) swept for the per-lane kernels (entropy here, the loss's
+statistics pass in gpu_loss.py)."""
+
+
 def measure(fn, repeat: int = 5, warmup: int = 2) -> tuple[float, float]:
     """(median ms, peak extra MB) of fn()."""
     for _ in range(warmup):
@@ -131,8 +137,7 @@ def main() -> None:
                     lambda b=block, w=warps: triton_jsd(s, t, 0.5, block=b, num_warps=w), 3, 1
                 )
                 sweep[f"{block}x{warps}"] = {"jsd_frac": 2 * nbytes / (j_ms / 1e3) / copy_bw}
-        for r, c, w in [(8, 1024, 4), (4, 1024, 4), (2, 1024, 4), (4, 512, 2), (4, 2048, 8),
-                        (8, 2048, 8), (16, 512, 4)]:  # fmt: skip
+        for r, c, w in TILE_SWEEP:
             kw = {"tile_rows": r, "tile_cols": c, "num_warps": w}
             e_ms, _ = measure(lambda kw=kw: triton_entropy(s, **kw), 3, 1)
             key = f"tile{r}x{c}x{w}"

@@ -347,10 +347,8 @@ class _GradBuffers:
         if self.grad_w is not None:
             if self.grad_w.dtype != torch.float32:  # in the head's dtype; 1/n carried by the rows
                 self.grad_w.addmm_(g.t(), (rows.float() * self.inv_count).to(g.dtype))
-            elif g.dtype == torch.float32:  # 1/n applied in finish()
-                self.grad_w.addmm_(g.t(), rows.float())
-            else:  # CUDA: half-precision operands accumulated into float32
-                torch.addmm(self.grad_w, g.t(), rows, out_dtype=torch.float32, out=self.grad_w)
+            else:  # float32; 1/n applied in finish()
+                _addmm_float32(self.grad_w, g.t(), rows)
         self.start, self.filled = a + m, 0
 
     def finish(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -396,11 +394,18 @@ def _mm_sliced(g: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
         return _mm_float32(g, head)
     out = _mm_float32(g[:, :k], head[:k])
     for a in range(k, v, k):
-        if g.dtype == torch.float32:
-            out.addmm_(g[:, a : a + k], head[a : a + k])
-        else:
-            torch.addmm(out, g[:, a : a + k], head[a : a + k], out_dtype=torch.float32, out=out)
+        _addmm_float32(out, g[:, a : a + k], head[a : a + k])
     return out
+
+
+def _addmm_float32(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """``out += a @ b`` into float32 ``out``, as :func:`_mm_float32` forms the product."""
+    if a.dtype == torch.float32 and b.dtype == torch.float32:
+        out.addmm_(a, b)
+    elif a.is_cuda:
+        torch.addmm(out, a, b, out_dtype=torch.float32, out=out)
+    else:
+        out.addmm_(a.float(), b.float())
 
 
 def _splits(rows: int, vocab: int) -> int:

@@ -100,10 +100,12 @@ def _loss_stats_kernel(
     TILE: tl.constexpr = ROWS * COLS
     n_full = (n_eff // TILE) * TILE
     for start in range(0, n_full, TILE):  # whole tiles, unmasked
-        x, y = _row_tile(s_base, t_base, start, n_cols, ROWS, COLS, False)
+        x = _row_tile(s_base, start, n_cols, ROWS, COLS, False)
+        y = _row_tile(t_base, start, n_cols, ROWS, COLS, False)
         ms, ss, ws, mt, st, wt, wc = _pair_fold(ms, ss, ws, mt, st, wt, wc, x, y, c, MODE)
     if n_full < n_eff:  # the row's last, partial tile
-        x, y = _row_tile(s_base, t_base, n_full, n_cols, ROWS, COLS, True)
+        x = _row_tile(s_base, n_full, n_cols, ROWS, COLS, True)
+        y = _row_tile(t_base, n_full, n_cols, ROWS, COLS, True)
         ms, ss, ws, mt, st, wt, wc = _pair_fold(ms, ss, ws, mt, st, wt, wc, x, y, c, MODE)
     top_s, sum_s, w_s, lane_s = _lanes_merged(ms, ss, ws, c)
     top_t, sum_t, w_t, lane_t = _lanes_merged(mt, st, wt, c)

@@ -55,19 +55,15 @@ def _lanes_merged(m, s, w, c):
 
 
 @triton.jit
-def _row_tile(s_base, t_base, start, n_cols, ROWS: tl.constexpr, COLS: tl.constexpr,
-              MASKED: tl.constexpr):  # fmt: skip
-    """Columns ``start + [0, ROWS·COLS)`` of both rows as float32 ``[ROWS, COLS]`` tiles; with
-    MASKED, −inf past the row's end."""
+def _row_tile(base, start, n_cols, ROWS: tl.constexpr, COLS: tl.constexpr, MASKED: tl.constexpr):
+    """Columns ``start + [0, ROWS·COLS)`` of one row as a float32 ``[ROWS, COLS]`` tile; with
+    MASKED, −inf past the row's end (only a row's last tile needs the mask)."""
     cols = start + tl.arange(0, ROWS)[:, None] * COLS + tl.arange(0, COLS)[None, :]
     if MASKED:
-        mask = cols < n_cols
-        x = tl.load(s_base + cols, mask=mask, other=float("-inf")).to(tl.float32)
-        y = tl.load(t_base + cols, mask=mask, other=float("-inf")).to(tl.float32)
+        x = tl.load(base + cols, mask=cols < n_cols, other=float("-inf"))
     else:
-        x = tl.load(s_base + cols).to(tl.float32)
-        y = tl.load(t_base + cols).to(tl.float32)
-    return x, y
+        x = tl.load(base + cols)
+    return x.to(tl.float32)
 
 
 @triton.jit

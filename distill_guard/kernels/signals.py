@@ -11,6 +11,7 @@ from distill_guard.kernels.shared import (
     _block_update,
     _lane_fold,
     _lanes_merged,
+    _row_tile,
     tl,
     triton,
 )
@@ -23,8 +24,7 @@ JSD_BLOCK, JSD_NUM_WARPS = 1024, 4
 
 
 @triton.jit
-def _entropy_kernel(x_ptr, out_ptr, n_cols, stride_row, ROWS: tl.constexpr,
-                          COLS: tl.constexpr):  # fmt: skip
+def _entropy_kernel(x_ptr, out_ptr, n_cols, stride_row, ROWS: tl.constexpr, COLS: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     base = x_ptr + row * stride_row
     m = tl.full([COLS], float("-inf"), tl.float32)
@@ -32,13 +32,12 @@ def _entropy_kernel(x_ptr, out_ptr, n_cols, stride_row, ROWS: tl.constexpr,
     w = tl.zeros([COLS], tl.float32)
     TILE: tl.constexpr = ROWS * COLS
     n_full = (n_cols // TILE) * TILE
-    cols = tl.arange(0, ROWS)[:, None] * COLS + tl.arange(0, COLS)[None, :]
     for start in range(0, n_full, TILE):  # whole tiles, unmasked
-        x = tl.load(base + start + cols).to(tl.float32)
+        x = _row_tile(base, start, n_cols, ROWS, COLS, False)
         m, s, w, _a, _p = _lane_fold(m, s, w, x, 1.4426950408889634)
-    if n_full < n_cols:
-        x = tl.load(base + n_full + cols, mask=n_full + cols < n_cols, other=float("-inf"))
-        m, s, w, _a, _p = _lane_fold(m, s, w, x.to(tl.float32), 1.4426950408889634)
+    if n_full < n_cols:  # the row's last, partial tile
+        x = _row_tile(base, n_full, n_cols, ROWS, COLS, True)
+        m, s, w, _a, _p = _lane_fold(m, s, w, x, 1.4426950408889634)
     _top, total, wt, _lane = _lanes_merged(m, s, w, 1.4426950408889634)
     # H = ln Σ 2^t − E[t]·ln 2, t = (x − max)·log₂e
     tl.store(out_ptr + row, tl.log(total) - wt / total * 0.6931471805599453)
