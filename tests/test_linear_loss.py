@@ -326,3 +326,51 @@ def test_a_second_backward_is_refused_not_wrong():
     out.loss.backward(retain_graph=True)
     with pytest.raises(GuardValueError, match="second backward"):
         out.loss.backward()
+
+
+TOPK_TRITON_SCRIPT = textwrap.dedent(
+    """
+    import math, torch
+    import distill_guard.linear_loss as ll
+    from distill_guard.losses import distill_loss
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    ll._MIN_SPLIT_COLS = 16  # V = 96 in sub-rows of 24
+    g = torch.Generator().manual_seed(0)
+    n, h, v, k = 29, 16, 96, 7
+    for beta, dtype, chunk, tau in ((0.0, torch.float32, 8, 1.3), (0.5, torch.bfloat16, 5, 0.8),
+                                    (0.3, torch.float32, 29, 1.0)):
+        hs = torch.randn(n, h, generator=g).to(dtype).to(dev).requires_grad_()
+        w = (torch.randn(v, h, generator=g) * 0.6).to(dtype).to(dev).requires_grad_()
+        top, ids = torch.log_softmax(torch.randn(n, v, generator=g) * 2, -1).topk(k, -1)
+        perm = torch.randperm(k, generator=g)  # a server's order need not be sorted
+        top, ids = top[:, perm].to(dev), ids[:, perm].to(dev)
+        mask = (torch.rand(n, generator=g) > 0.2).to(dev)
+        out = ll.distill_loss_from_hidden(hs, w, teacher_topk=(top, ids), beta=beta,
+                                          temperature=tau, mask=mask, chunk_rows=chunk,
+                                          backend="triton", float32_weight_grad=True)
+        out.loss.backward()
+        h64 = hs.detach().double().cpu().requires_grad_()
+        w64 = w.detach().double().cpu().requires_grad_()
+        dense = torch.full((n, v), -math.inf, dtype=torch.float64)
+        dense.scatter_(1, ids.cpu(), top.double().cpu())  # the K entries, no mass elsewhere
+        ref = distill_loss(h64 @ w64.t(), dense, beta=beta, temperature=tau, mask=mask.cpu())
+        ref.loss.backward()
+        assert abs(float(out.loss) - float(ref.loss)) < 2e-6, (beta, dtype)
+        for got, exact in ((hs.grad, h64.grad), (w.grad, w64.grad)):
+            err = float((got.double().cpu() - exact).norm() / exact.norm())
+            floor = float((exact.to(dtype).double() - exact).norm() / exact.norm())
+            assert err <= max(1.5 * floor, 3e-6), (beta, dtype, err, floor)
+        keep = mask.cpu()
+        for name in ("student_entropy", "teacher_entropy", "per_token"):
+            d = (getattr(out, name).cpu()[keep].double() - getattr(ref, name)[keep]).abs().max()
+            assert float(d) < 1e-5, (name, beta, dtype)
+    print("ok")
+    """
+)
+
+
+def test_triton_topk_path_matches_float64_references():
+    """The top-K teacher's Triton kernels (statistics and gradient rows over sub-rows), a
+    few seconds in Triton's interpreter."""
+    pytest.importorskip("triton")
+    run_triton_script(TOPK_TRITON_SCRIPT, timeout=240)
