@@ -471,31 +471,29 @@ def _topk_chunk(x, logprobs, ids, valid, weight, plan: _Plan, out) -> torch.Tens
     loss's temperature, zero elsewhere); the gradient rows into ``out``, if given.
 
     Off the K ids the gradient is the student's probabilities times one factor per row (the
-    JSD's tail, the forward KL's 1), formed by the Triton kernels of
-    :mod:`distill_guard.kernels.topk` (one read of ``x`` for its statistics, one more for the
-    gradient rows) or by PyTorch ops on a float32 copy; the K ids' entries are ``[C, K]`` work.
+    JSD's tail, the forward KL's 1). On the Triton path
+    (:func:`~distill_guard.kernels.topk.triton_topk_chunk`) that is one read of ``x`` for its
+    statistics and one more for the gradient rows; here, PyTorch ops on a float32 copy.
     """
-    c, v = x.shape
     if plan.triton:
-        from distill_guard.kernels.topk import triton_lse_entropy, triton_scaled_probs
+        from distill_guard.kernels.topk import triton_topk_chunk
 
-        splits = _splits(c, v)
-        lse_s, h_s = triton_lse_entropy(x, valid, plan.inv_temp, splits)
-        ls_k = x.gather(1, ids).mul_(plan.inv_temp).sub_(lse_s[:, None])
-        ps = None
-    else:
-        x.mul_(plan.inv_temp)
-        lse_s = torch.logsumexp(x, dim=-1)
-        ls = x.sub_(lse_s[:, None])  # log p_student, in place of the logits
-        ps = ls.exp()
-        h_s = torch.special.entr(ps).sum(-1)
-        ls_k = ls.gather(1, ids)
-    ps_k = ls_k.exp()
+        return triton_topk_chunk(
+            x, logprobs, ids, valid, weight, inv_temp=plan.inv_temp, beta=plan.beta,
+            mode=plan.mode, splits=_splits(x.shape[0], x.shape[1]), out=out,
+        )  # fmt: skip
+    c = x.shape[0]
+    x.mul_(plan.inv_temp)
+    lse_s = torch.logsumexp(x, dim=-1)
+    ls = x.sub_(lse_s[:, None])  # log p_student, in place of the logits
+    ps = ls.exp()
     lt = torch.log_softmax(logprobs * plan.inv_temp, dim=-1)
     pt = lt.exp()
+    ls_k = ls.gather(1, ids)
+    ps_k = ls_k.exp()
     stats = torch.full((7, c), math.nan, dtype=torch.float32, device=x.device)
     stats[_LSE_S] = lse_s
-    stats[_H_S] = h_s
+    stats[_H_S] = torch.special.entr(ps).sum(-1)
     stats[_H_T] = torch.special.entr(pt).sum(-1)
     stats[_TOP1_T] = logprobs.amax(-1)
     if plan.mode == _MODES[LossKind.JSD]:
@@ -507,19 +505,15 @@ def _topk_chunk(x, logprobs, ids, valid, weight, plan: _Plan, out) -> torch.Tens
         kl_t = torch.where(pt == 0, 0.0, pt * (lt - lm_k)).sum(-1)
         stats[_LOSS] = (1.0 - beta) * kl_s + beta * kl_t
         stats[_AUX] = kl_s
+        if out is None:
+            return stats
         # ∂JSD/∂x_j = (1−β)·p_j·(log(p_j/m_j) − KL(s‖m)); (1−β)/τ is in the weight
-        factor = tail - kl_s  # off the K ids
-        g_k = torch.where(ps_k == 0, 0.0, ps_k * (ls_k - lm_k - kl_s[:, None]))
+        g = ps.mul_((tail - kl_s)[:, None])
+        g.scatter_(1, ids, torch.where(ps_k == 0, 0.0, ps_k * (ls_k - lm_k - kl_s[:, None])))
     else:  # forward KL(t‖s) = Σ_k p_t,k·(log p_t,k − log p_s,k); ∂/∂x = p_s − p_t
         stats[_LOSS] = stats[_AUX] = torch.where(pt == 0, 0.0, pt * (lt - ls_k)).sum(-1)
-        factor = torch.ones_like(lse_s)
-        g_k = ps_k - pt
-    if out is None:
-        return stats
-    scale = torch.where(valid, weight * factor, 0.0)  # 0 zeroes a masked row
-    if ps is None:
-        triton_scaled_probs(x, lse_s, scale, plan.inv_temp, splits, out)
-    else:
-        out.copy_(ps.mul_(scale[:, None]).masked_fill_(~valid[:, None], 0.0))
-    out.scatter_(1, ids, torch.where(valid[:, None], weight[:, None] * g_k, 0.0).to(out.dtype))
+        if out is None:
+            return stats
+        g = ps.scatter_add_(1, ids, -pt)
+    out.copy_(g.mul_(weight[:, None]).masked_fill_(~valid[:, None], 0.0))
     return stats

@@ -356,10 +356,13 @@ TOPK_TRITON_SCRIPT = textwrap.dedent(
         ref = distill_loss(h64 @ w64.t(), dense, beta=beta, temperature=tau, mask=mask.cpu())
         ref.loss.backward()
         assert abs(float(out.loss) - float(ref.loss)) < 2e-6, (beta, dtype)
+        # on CUDA the gradient rows are in the head's dtype: bf16 rows add their own rounding
+        # (on the CPU they are float32, and only the result is rounded)
+        bound = 2.0 if dev == "cuda" and dtype != torch.float32 else 1.5
         for got, exact in ((hs.grad, h64.grad), (w.grad, w64.grad)):
             err = float((got.double().cpu() - exact).norm() / exact.norm())
             floor = float((exact.to(dtype).double() - exact).norm() / exact.norm())
-            assert err <= max(1.5 * floor, 3e-6), (beta, dtype, err, floor)
+            assert err <= max(bound * floor, 3e-6), (beta, dtype, err, floor)
         keep = mask.cpu()
         for name in ("student_entropy", "teacher_entropy", "per_token"):
             d = (getattr(out, name).cpu()[keep].double() - getattr(ref, name)[keep]).abs().max()
