@@ -79,6 +79,48 @@ SCRIPT = textwrap.dedent(
         ceiling = binary_entropy64(beta)
         assert bool((d >= -1e-6).all()) and bool((d <= ceiling + 1e-6).all())
     assert triton_jsd(a, a, 0.5, block=128).abs().max() < 1e-6
+
+    # the teacher-collapse check's fused statistics: the PyTorch path's counts at their
+    # boundaries (|v − (−ln V)| = atol, the near-uniform bound, flat rows above −ln k) and maxima
+    import numpy as np
+    from distill_guard.checks import TeacherCollapseCheck
+    from distill_guard.checks.base import to_host
+    from distill_guard.checks.teacher_collapse import _View
+    from distill_guard.kernels.teacher_stats import combine_parts, triton_view_parts
+    from distill_guard.observations import RunSpec
+    from distill_guard.signals import uniform_logprob
+    check, vocab = TeacherCollapseCheck(atol=2**-10), 151936  # a tolerance the grid can hit
+    target = np.float32(uniform_logprob(vocab))
+    ulp = np.float32(np.spacing(target))
+    edges = [target + np.float32(s * check.atol) for s in (-1, 1)]
+    near = np.float32(check._near_bound(RunSpec(vocab_size=vocab)))
+    grid = np.concatenate([e + ulp * np.arange(-40, 41, dtype=np.float32) for e in edges + [near]])
+    n = 70_000  # more rows than 128 programs of 512 take in one pass
+    top1 = torch.from_numpy(np.resize(grid, n).astype(np.float32))
+    top1[::17] = -1.0  # above −ln 6: flat there is not a uniform row
+    rows = top1[:, None] - torch.rand(n, 6) * 3
+    rows[:, 0] = top1
+    rows[::7, 1:] = top1[::7, None]  # flat rows, above and below −ln 6
+    rows[::11, 1:] = top1[::11, None] - 2**-10  # rows whose spread is atol
+    rows[::13, 1:] = -float("inf")
+    rows, top1 = rows.to(dev), top1.to(dev)
+    for values, x in ((top1, rows), (top1, None)):
+        for v_size in (vocab, None):
+            run = RunSpec(vocab_size=v_size)
+            view = _View(x if x is not None else values, x is not None, values)
+            want = to_host(check._parts(view, run))
+            got = combine_parts(triton_view_parts(
+                values, x, target=float(target) if v_size else math.nan, atol=check.atol,
+                low_bound=check._near_bound(run) if v_size and x is not None else -math.inf,
+                flat_below=-math.log(6) if x is not None else -math.inf,
+            ).cpu().numpy())
+            for name, w in want.items():
+                if name in ("sum", "sum_sq"):
+                    assert abs(got[name] - w) <= 1e-12 * abs(w), (name, got[name], w)
+                elif name == "mass":
+                    assert abs(got[name] - w) <= 1e-6 * w, (name, got[name], w)
+                else:
+                    assert got[name] == w, (name, v_size, x is None, got[name], w)
     print("ok")
     """
 )

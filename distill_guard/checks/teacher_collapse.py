@@ -13,7 +13,12 @@ from distill_guard.checks.base import Check, to_host
 from distill_guard.errors import GuardValueError
 from distill_guard.findings import Code, Finding, Severity
 from distill_guard.observations import Metric, RunSpec, StepMetrics, TeacherScores
-from distill_guard.signals import infer_uniform_vocab_size, mean_spread, uniform_logprob
+from distill_guard.signals import (
+    _use_triton,
+    infer_uniform_vocab_size,
+    mean_spread,
+    uniform_logprob,
+)
 
 FIX = (
     "Re-load the teacher's weights now (the guard's rewake does this), and relaunch the teacher "
@@ -186,17 +191,55 @@ class TeacherCollapseCheck(Check):
 
     def _summaries(self, views: list[_View], run: RunSpec) -> list[_Summary]:
         """Every view's statistics in one host transfer, read on the raw values: the step's only
-        sync while healthy. A view with a value that is not finite (its sum says so) is read
-        again with those values set aside, in one more."""
-        raw = {(i, k): t for i, v in enumerate(views) for k, t in self._parts(v, run).items()}
-        got = to_host(raw)
+        sync while healthy (on CUDA float32, one Triton launch a view: :meth:`_fused_parts`). A
+        view with a value that is not finite (its sum says so) is read again with those values
+        set aside, in one more."""
+        if views and all(_fusable(view) for view in views):
+            got = self._fused_parts(views, run)
+        else:
+            raw = {(i, k): t for i, v in enumerate(views) for k, t in self._parts(v, run).items()}
+            host = to_host(raw)
+            got = [{k: x for (j, k), x in host.items() if j == i} for i in range(len(views))]
         out = []
-        for i, view in enumerate(views):
-            mine = {k: x for (j, k), x in got.items() if j == i}
+        for view, mine in zip(views, got):
             if not math.isfinite(mine["sum"]):
                 mine = to_host(self._parts(view, run, clean=True))
             out.append(_Summary.of(view, mine))
         return out
+
+    def _fused_parts(self, views: list[_View], run: RunSpec) -> list[dict[str, float]]:
+        """What :meth:`_parts` reads on the raw values, by
+        :func:`~distill_guard.kernels.teacher_stats.triton_view_parts`: the same counts and
+        maxima, the float64 sums in another order (equal to ~1e-15 of themselves)."""
+        from distill_guard.kernels.teacher_stats import combine_parts, triton_view_parts
+
+        known = run.vocab_size is not None
+        target = uniform_logprob(run.vocab_size) if known else math.nan
+        partials = []
+        for view in views:
+            many = view.topk and view.x.shape[1] > 1
+            partials.append(
+                triton_view_parts(
+                    view.values.contiguous(),
+                    view.x.contiguous() if many else None,
+                    target=target,
+                    atol=self.atol,
+                    low_bound=self._near_bound(run) if known and view.topk else -math.inf,
+                    flat_below=-math.log(view.x.shape[1]) if many else -math.inf,
+                )
+            )
+        host = torch.cat(partials).numpy(force=True)  # the one transfer
+        got, start = [], 0
+        for view, part in zip(views, partials):
+            mine = combine_parts(host[start : start + part.shape[0]])
+            start += part.shape[0]
+            many = view.topk and view.x.shape[1] > 1
+            keep = {"sum", "sum_sq", "high"}
+            keep |= {"mass"} if many else set()
+            keep |= ({"uniform", "low"} if view.topk else {"uniform"}) if known else set()
+            keep |= {"flat"} if many and not known else set()
+            got.append({k: x for k, x in mine.items() if k in keep})
+        return got
 
     def _parts(self, view: _View, run: RunSpec, *, clean: bool = False) -> dict[str, torch.Tensor]:
         """The 0-d device tensors :class:`_Summary` reads, without a sync. ``clean`` counts the
@@ -447,6 +490,16 @@ class TeacherCollapseCheck(Check):
                 {"nonfinite": n_bad, "count": bad.numel(), "input": kind},
             )
         ]
+
+
+def _fusable(view: _View) -> bool:
+    """Whether a view's healthy-path statistics can take the Triton kernel: float32 on CUDA
+    (other dtypes compare with −ln V in their own precision, which the kernel does not)."""
+    if not (view.values.is_cuda and view.values.dtype == torch.float32):
+        return False
+    if view.topk and view.x.dtype != torch.float32:
+        return False
+    return _use_triton(view.values, "auto")
 
 
 @dataclass
