@@ -7,7 +7,10 @@ GPU. Wall clock per step, median over 50 steps after 5 warm-ups, with the GPU sy
 before and after (the teacher check itself needs one host transfer). The scores are healthy
 log-probabilities (each row's top-16 holds 90 % of its mass), so the step is the guard's healthy
 path. ``--repeats`` repeats the measurement and prints the median of the repeats' medians too.
-On CPU (``--device cpu``) the number is a proxy for the guard's host overhead.
+Each repeat also times the same steps with the teacher checks' statistics on their PyTorch path
+(the path of every device but CUDA float32), interleaved with the Triton one, and prints the
+ratio of the two medians. On CPU (``--device cpu``) the number is a proxy for the guard's host
+overhead.
 
 Run: python3 benchmarks/gpu_overhead.py [--device cuda|cpu] [--repeats 7]
 """
@@ -25,6 +28,9 @@ from dataclasses import dataclass
 
 import torch
 
+import distill_guard.checks.pairing as pairing
+import distill_guard.checks.teacher_collapse as teacher_collapse
+import distill_guard.signals as signals
 from distill_guard.checks import Check, default_checks
 from distill_guard.findings import Finding, Severity
 from distill_guard.guard import DistillGuard
@@ -39,6 +45,19 @@ class _EveryStepInfo(Check):
 
     def on_step_metrics(self, metrics, run):
         return [Finding("bench.info", Severity.INFO, "benchmark event", metrics.step)]
+
+
+FUSED_MODULES = (signals, teacher_collapse, pairing)
+"""The modules whose ``fusable_float32`` picks the teacher checks' Triton kernels."""
+FUSABLE = signals.fusable_float32
+
+
+def _stats_path(path: str) -> None:
+    """Sends the teacher checks' statistics (teacher collapse, the rows' top-1, the pairing
+    gaps) through their Triton kernels where they apply (``fused``, the default) or always
+    through PyTorch (``torch``)."""
+    for module in FUSED_MODULES:
+        module.fusable_float32 = FUSABLE if path == "fused" else (lambda *tensors: False)
 
 
 def main() -> None:
@@ -82,10 +101,16 @@ def main() -> None:
             "top_k": 16,
         }
         step_no = 0
-        for label in ("topk", "topk_and_tokens"):
+        labels = [
+            (f"{label}{suffix}", with_tokens, path)
+            for label, with_tokens in (("topk", False), ("topk_and_tokens", True))
+            for suffix, path in (("", "fused"), ("_torch_stats", "torch"))
+        ]
+        for label, _, _ in labels:
             res[label] = {"repeats": []}
         for _ in range(args.repeats):
-            for label, with_tokens in (("topk", False), ("topk_and_tokens", True)):
+            for label, with_tokens, path in labels:
+                _stats_path(path)
                 times = []
                 for i in range(5 + args.steps):
                     ms = step(step_no, with_tokens)
@@ -98,7 +123,8 @@ def main() -> None:
                         "p90_ms": sorted(times)[int(0.9 * len(times))],
                     }
                 )
-        for label in ("topk", "topk_and_tokens"):
+        _stats_path("fused")
+        for label, _, _ in labels:
             medians = [r["median_ms"] for r in res[label]["repeats"]]
             res[label] |= {"median_ms": statistics.median(medians), "medians_ms": medians}
         res["halted"] = guard.halted
@@ -119,6 +145,12 @@ def main() -> None:
         print(
             f"{what}: median of {len(r['repeats'])} runs' medians {r['median_ms']:.3f} ms "
             f"(runs {spread} ms; target < 1 ms on GPU)"
+        )
+        slow = res[f"{label}_torch_stats"]
+        print(
+            f"{what}, teacher statistics on PyTorch in the same runs: {slow['median_ms']:.3f} ms "
+            f"(runs {min(slow['medians_ms']):.3f}–{max(slow['medians_ms']):.3f} ms); "
+            f"ratio {slow['median_ms'] / r['median_ms']:.2f}x"
         )
     print(f"event lines {res['event_lines']}, halted {res['halted']}")
     if os.environ.get("OUT"):

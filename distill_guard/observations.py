@@ -11,7 +11,7 @@ from functools import cached_property
 import torch
 
 from distill_guard.errors import GuardValueError
-from distill_guard.signals import jsd_ceiling
+from distill_guard.signals import jsd_ceiling, row_max
 
 
 class Metric:
@@ -147,7 +147,7 @@ class TeacherScores:
         """Each kept top-k row's maximum (its top-1 where the rows are the teacher's own),
         computed once for all the checks that read it; None without top-k rows."""
         x = self.kept(self.topk_logprobs)
-        return None if x is None else x.detach().reshape(x.shape[0], -1).amax(dim=1)
+        return None if x is None else row_max(x.detach().reshape(x.shape[0], -1))
 
 
 @dataclass

@@ -204,6 +204,25 @@ def _use_triton(x: torch.Tensor, backend: str) -> bool:
     return True
 
 
+def fusable_float32(*tensors: torch.Tensor) -> bool:
+    """Whether the teacher checks' Triton kernels can read these tensors: float32 on CUDA, with
+    Triton importable. Other dtypes keep PyTorch, whose comparisons they were written against."""
+    if not all(t.is_cuda and t.dtype == torch.float32 for t in tensors):
+        return False
+    return _use_triton(tensors[0], "auto")
+
+
+def row_max(rows: torch.Tensor) -> torch.Tensor:
+    """Each row's maximum of ``rows [N, K]`` (NaN where a row holds one), as
+    ``rows.amax(dim=1)``; in one Triton launch for CUDA float32 rows up to K = 512."""
+    if rows.dim() == 2 and fusable_float32(rows):
+        from distill_guard.kernels.teacher_stats import MAX_FUSED_K, triton_row_max
+
+        if rows.shape[1] <= MAX_FUSED_K:
+            return triton_row_max(rows)
+    return rows.amax(dim=1)
+
+
 def entropy_from_logits(
     logits: torch.Tensor, *, chunk_rows: int = DEFAULT_CHUNK_ROWS, backend: str = "auto"
 ) -> torch.Tensor:

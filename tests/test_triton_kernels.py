@@ -121,6 +121,45 @@ SCRIPT = textwrap.dedent(
                     assert abs(got[name] - w) <= 1e-6 * w, (name, got[name], w)
                 else:
                     assert got[name] == w, (name, v_size, x is None, got[name], w)
+
+    # the rows' top-1 as amax(dim=1): NaN, +inf and all −inf rows, widths up to MAX_FUSED_K
+    from distill_guard.kernels.teacher_stats import MAX_FUSED_K, triton_gap_parts, triton_row_max
+    for k in (1, 6, 16, 17, 64, MAX_FUSED_K):
+        x = torch.randn(3000, k) * 4 - 10
+        x[2::9] = -float("inf")
+        x[::5, k // 2] = float("nan")
+        x[1::7, k - 1] = float("inf")
+        x[3::11, 0] = float("nan")
+        x[3::11, -1] = float("inf")
+        x = x.to(dev)
+        want = x.amax(dim=1)
+        for rows in (x, x[::2], x.t().contiguous().t()):  # strided rows, strided columns
+            got, ref = triton_row_max(rows).cpu(), rows.amax(dim=1).cpu()
+            assert torch.equal(got.isnan(), ref.isnan()), k
+            assert torch.equal(got[~ref.isnan()], ref[~ref.isnan()]), k
+    assert torch.isnan(want[::5]).all()
+
+    # the pairing check's gaps: ≥ bound as compared in float64, at ulps around a bound that
+    # float32 does not hold, and a non-finite gap reaching the sum
+    from distill_guard.checks import TokenPairingCheck
+    from distill_guard.checks.pairing import _Gaps
+    for bound in (5.0, 0.1, 5.2):  # float32 rounds 5.2 down, 0.1 up
+        b32 = np.float32(bound)
+        around = b32 + np.spacing(b32) * np.arange(-30, 31, dtype=np.float32)
+        gap = torch.from_numpy(np.resize(around, 70_000).astype(np.float32))
+        tok = -torch.rand(70_000) * 8
+        top1 = tok + gap
+        gap = top1 - tok  # the float32 gaps both paths read
+        check = TokenPairingCheck(max_median_gap=bound)
+        for t1 in (top1, torch.where(torch.arange(70_000) == 4321, float("nan"), top1)):
+            gaps = _Gaps(tok.to(dev), t1.to(dev))
+            want = to_host({"gap_sum": gaps.gap.sum(dtype=torch.float64),
+                            "far": gaps.far(bound).sum(dtype=torch.float64)})
+            got = triton_gap_parts(t1.to(dev), tok.to(dev), bound).tolist()
+            assert got[1] == want["far"], (bound, got, want)
+            assert math.isfinite(got[0]) == math.isfinite(want["gap_sum"]), (got, want)
+            if math.isfinite(want["gap_sum"]):
+                assert abs(got[0] - want["gap_sum"]) <= 1e-12 * abs(want["gap_sum"]) + 1e-9
     print("ok")
     """
 )

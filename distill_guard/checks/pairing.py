@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import ClassVar, NamedTuple
 
 import torch
@@ -25,6 +26,7 @@ import torch
 from distill_guard.checks.base import Check, to_host
 from distill_guard.findings import Code, Finding, Severity
 from distill_guard.observations import RunSpec, TeacherScores
+from distill_guard.signals import fusable_float32
 
 
 @dataclass
@@ -120,20 +122,24 @@ class TokenPairingCheck(Check):
         tok, _ = self._paired(scores.kept(scores.token_logprobs), scores.kept(scores.topk_logprobs))
         if tok is None:
             return None
-        tok, top1 = tok.reshape(-1).float(), scores.top1.float()
-        return _Gaps(top1 - tok, tok, top1)
+        return _Gaps(tok.reshape(-1).float(), scores.top1.float())
 
     def _tokens_parts(self, gaps: _Gaps | None) -> dict[str, torch.Tensor]:
         """The gaps' sum (finite iff every gap is) and how many are at or above the bound."""
         if gaps is None:
             return {}
+        if fusable_float32(gaps.top1, gaps.tok):  # one launch where PyTorch takes five
+            from distill_guard.kernels.teacher_stats import triton_gap_parts
+
+            both = triton_gap_parts(gaps.top1, gaps.tok, self.max_median_gap)
+            return {"gap_sum": both[0], "far": both[1]}
         far = gaps.far(self.max_median_gap).sum(dtype=torch.float64)
         return {"gap_sum": gaps.gap.sum(dtype=torch.float64), "far": far}
 
     def _tokens(self, gaps: _Gaps | None, got: dict[str, float], step: int) -> list[Finding]:
         if gaps is None:
             return []
-        n, far, finite = gaps.gap.numel(), got["far"], None
+        n, far, finite = gaps.tok.numel(), got["far"], None
         if not math.isfinite(got["gap_sum"]):  # some are not: judge the finite ones (a sync)
             finite = torch.isfinite(gaps.tok) & torch.isfinite(gaps.top1)
             far_finite = finite & gaps.far(self.max_median_gap)
@@ -210,12 +216,18 @@ class TokenPairingCheck(Check):
         ]
 
 
-class _Gaps(NamedTuple):
-    """Teacher top-1 minus the sampled token's logprob per position, and its operands."""
+@dataclass
+class _Gaps:
+    """The sampled tokens' logprobs and the teacher's top-1 per position, and their gaps."""
 
-    gap: torch.Tensor
     tok: torch.Tensor
     top1: torch.Tensor
+
+    @cached_property
+    def gap(self) -> torch.Tensor:
+        """Teacher top-1 minus the sampled token's logprob per position (formed only where it
+        is read: the fused path counts without it)."""
+        return self.top1 - self.tok
 
     def far(self, bound: float) -> torch.Tensor:
         """Where the gap is at or above ``bound``, compared in float64 as the host would."""

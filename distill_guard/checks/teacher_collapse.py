@@ -14,7 +14,7 @@ from distill_guard.errors import GuardValueError
 from distill_guard.findings import Code, Finding, Severity
 from distill_guard.observations import Metric, RunSpec, StepMetrics, TeacherScores
 from distill_guard.signals import (
-    _use_triton,
+    fusable_float32,
     infer_uniform_vocab_size,
     mean_spread,
     uniform_logprob,
@@ -494,12 +494,13 @@ class TeacherCollapseCheck(Check):
 
 def _fusable(view: _View) -> bool:
     """Whether a view's healthy-path statistics can take the Triton kernel: float32 on CUDA
-    (other dtypes compare with −ln V in their own precision, which the kernel does not)."""
-    if not (view.values.is_cuda and view.values.dtype == torch.float32):
-        return False
-    if view.topk and view.x.dtype != torch.float32:
-        return False
-    return _use_triton(view.values, "auto")
+    (other dtypes compare with −ln V in their own precision, which the kernel does not), top-k
+    rows up to :data:`~distill_guard.kernels.teacher_stats.MAX_FUSED_K` wide."""
+    if not view.topk:
+        return fusable_float32(view.values)
+    from distill_guard.kernels.teacher_stats import MAX_FUSED_K
+
+    return view.x.shape[1] <= MAX_FUSED_K and fusable_float32(view.values, view.x)
 
 
 @dataclass
