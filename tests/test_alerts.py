@@ -44,7 +44,7 @@ def no_global_wandb(monkeypatch):
 
 
 def test_disabled_wandb_run_is_a_silent_no_op():
-    import wandb
+    wandb = pytest.importorskip("wandb")
 
     run = wandb.init(mode="disabled")
     try:
@@ -57,7 +57,7 @@ def test_disabled_wandb_run_is_a_silent_no_op():
 
 
 def test_offline_wandb_run_writes_the_alert_into_its_own_file(tmp_path, monkeypatch):
-    import wandb
+    wandb = pytest.importorskip("wandb")
 
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -86,6 +86,19 @@ def test_no_active_run_sends_nothing(monkeypatch):
 def test_without_wandb_installed_there_is_no_wandb_sink(monkeypatch):
     monkeypatch.setattr(wandb_sink.importlib.util, "find_spec", lambda name: None)
     assert Alerter().sinks == [] and Alerter(log_alerts=False).alert("t", "x") is False
+
+
+def test_a_run_handed_in_gets_the_alerts_without_wandb_installed(monkeypatch):
+    # seen on a machine without wandb: the run the user passed was dropped with the sink
+    monkeypatch.setattr(wandb_sink.importlib.util, "find_spec", lambda name: None)
+    calls = []
+
+    class Run:
+        def alert(self, **kwargs):
+            calls.append(kwargs)
+
+    assert Alerter(run=Run(), log_alerts=False).alert("t", "x", "ERROR") is True
+    assert [(c["title"], str(c["level"]).rsplit(".", 1)[-1]) for c in calls] == [("t", "ERROR")]
 
 
 def test_a_raising_client_is_reported_not_raised():
@@ -128,7 +141,7 @@ def test_throttle_per_title_with_an_injected_clock():
 
 
 def test_levels_map_to_wandb_alert_levels():
-    import wandb
+    wandb = pytest.importorskip("wandb")
 
     run = FakeRun()
     a = Alerter(run=run, min_interval_s=0, log_alerts=False)
@@ -213,7 +226,7 @@ def test_a_title_back_after_a_quiet_window_is_logged_in_full_again(caplog):
 
 
 def test_a_disabled_run_is_described_as_such():
-    import wandb
+    wandb = pytest.importorskip("wandb")
 
     wandb.init(mode="disabled")
     try:

@@ -77,8 +77,9 @@ def decision_alert(decision: Decision) -> tuple[str, str, str]:
 class Alerter:
     """Logs every alert and, on rank 0, hands it to the sinks.
 
-    Without ``sinks`` the alerter builds its own: wandb (when ``use_wandb`` and wandb is
-    installed; it sends only while a run is active, ``run`` or else ``wandb.run``) and a webhook
+    Without ``sinks`` the alerter builds its own: wandb (when ``use_wandb`` and a ``run`` is
+    given or wandb is installed; it sends only while a run is active, ``run`` or else
+    ``wandb.run``) and a webhook
     when ``webhook_env`` names an environment variable that is set. An exception from a sink is
     caught and reported through ``on_error``; it never reaches the trainer.
 
@@ -110,7 +111,8 @@ class Alerter:
     def __post_init__(self) -> None:
         if self.sinks is None:
             self.sinks = []
-            if self.use_wandb and WandbSink.available():
+            # a run handed in is the user's own: it takes the alerts whether or not wandb imports
+            if self.use_wandb and (self.run is not None or WandbSink.available()):
                 self.sinks.append(WandbSink(self.run, wait_duration=self.min_interval_s))
             webhook = webhook_from_env(self.webhook_env, timeout_s=self.webhook_timeout_s)
             if webhook is not None:
