@@ -220,6 +220,7 @@ GUARD_KEYS = {
 def test_guard_metrics_reach_the_report_to_callbacks_and_log_history(tmp_path, monkeypatch, way):
     """The Trainer lists its report_to callbacks (here wandb, disabled) before the user's: the
     mixin and guard_trainer put the guard's callback first, so wandb's on_log sees guard/*."""
+    pytest.importorskip("wandb")
     from transformers.integrations import WandbCallback
 
     monkeypatch.setenv("WANDB_MODE", "disabled")
@@ -271,6 +272,7 @@ def test_the_callback_alone_logs_guard_metrics_to_log_history_and_says_where_the
 ):
     """Placed by callbacks= without the mixin, the callback runs after wandb's: the keys reach
     state.log_history, and one INFO line says how to have them reported."""
+    pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "disabled")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     caplog.set_level(logging.INFO, logger="distill_guard")
