@@ -67,6 +67,23 @@ def _row_tile(base, start, n_cols, ROWS: tl.constexpr, COLS: tl.constexpr, MASKE
 
 
 @triton.jit
+def _row_fold(base, n_eff, n_cols, c, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """One row's (max, Σ 2^t, Σ 2^t·t) over its first ``n_eff`` columns, read as
+    ``[ROWS, COLS]`` tiles with per-lane sums merged at the end: the entropy's one pass."""
+    m = tl.full([COLS], float("-inf"), tl.float32)
+    s = tl.zeros([COLS], tl.float32)
+    w = tl.zeros([COLS], tl.float32)
+    TILE: tl.constexpr = ROWS * COLS
+    n_full = (n_eff // TILE) * TILE
+    for start in range(0, n_full, TILE):  # whole tiles, unmasked
+        m, s, w, _a, _p = _lane_fold(m, s, w, _row_tile(base, start, n_cols, ROWS, COLS, False), c)
+    if n_full < n_eff:  # the row's last, partial tile
+        m, s, w, _a, _p = _lane_fold(m, s, w, _row_tile(base, n_full, n_cols, ROWS, COLS, True), c)
+    top, total, wt, _lane = _lanes_merged(m, s, w, c)
+    return top, total, wt
+
+
+@triton.jit
 def _row_and_width(valid_ptr, n_cols, HAS_VALID: tl.constexpr):
     """This program's row, and how many of its columns it reads: none for a masked row."""
     row = tl.program_id(0).to(tl.int64)

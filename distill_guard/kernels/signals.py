@@ -9,9 +9,7 @@ from distill_guard.errors import GuardValueError
 from distill_guard.kernels.shared import (
     _as_rows,
     _block_update,
-    _lane_fold,
-    _lanes_merged,
-    _row_tile,
+    _row_fold,
     tl,
     triton,
 )
@@ -27,18 +25,7 @@ JSD_BLOCK, JSD_NUM_WARPS = 1024, 4
 def _entropy_kernel(x_ptr, out_ptr, n_cols, stride_row, ROWS: tl.constexpr, COLS: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     base = x_ptr + row * stride_row
-    m = tl.full([COLS], float("-inf"), tl.float32)
-    s = tl.zeros([COLS], tl.float32)
-    w = tl.zeros([COLS], tl.float32)
-    TILE: tl.constexpr = ROWS * COLS
-    n_full = (n_cols // TILE) * TILE
-    for start in range(0, n_full, TILE):  # whole tiles, unmasked
-        x = _row_tile(base, start, n_cols, ROWS, COLS, False)
-        m, s, w, _a, _p = _lane_fold(m, s, w, x, 1.4426950408889634)
-    if n_full < n_cols:  # the row's last, partial tile
-        x = _row_tile(base, n_full, n_cols, ROWS, COLS, True)
-        m, s, w, _a, _p = _lane_fold(m, s, w, x, 1.4426950408889634)
-    _top, total, wt, _lane = _lanes_merged(m, s, w, 1.4426950408889634)
+    _top, total, wt = _row_fold(base, n_cols, n_cols, 1.4426950408889634, ROWS, COLS)
     # H = ln Σ 2^t − E[t]·ln 2, t = (x − max)·log₂e
     tl.store(out_ptr + row, tl.log(total) - wt / total * 0.6931471805599453)
 

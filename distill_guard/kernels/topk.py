@@ -22,9 +22,7 @@ from distill_guard.kernels.fused_loss import (
     STATS_TILE_COLS,
 )
 from distill_guard.kernels.shared import (
-    _lane_fold,
-    _lanes_merged,
-    _row_tile,
+    _row_fold,
     tl,
     triton,
 )
@@ -47,17 +45,7 @@ def _lse_entropy_kernel(
     row = tl.program_id(0).to(tl.int64)  # the sub-row; its row is row // S
     n_eff = tl.where(tl.load(valid_ptr + row // S) != 0, n_cols, 0)  # masked rows read nothing
     base = x_ptr + row * stride_x
-    c = inv_temp * 1.4426950408889634
-    m = tl.full([COLS], float("-inf"), tl.float32)
-    s = tl.zeros([COLS], tl.float32)
-    w = tl.zeros([COLS], tl.float32)
-    TILE: tl.constexpr = ROWS * COLS
-    n_full = (n_eff // TILE) * TILE
-    for start in range(0, n_full, TILE):  # whole tiles, unmasked
-        m, s, w, _a, _p = _lane_fold(m, s, w, _row_tile(base, start, n_cols, ROWS, COLS, False), c)
-    if n_full < n_eff:  # the row's last, partial tile
-        m, s, w, _a, _p = _lane_fold(m, s, w, _row_tile(base, n_full, n_cols, ROWS, COLS, True), c)
-    top, total, wt, _lane = _lanes_merged(m, s, w, c)
+    top, total, wt = _row_fold(base, n_eff, n_cols, inv_temp * 1.4426950408889634, ROWS, COLS)
     lse = tl.where(top == float("-inf"), 0.0, top) * inv_temp + tl.log(total)
     tl.store(out_ptr + row, lse)
     tl.store(out_ptr + n_rows + row, tl.log(total) - wt / total * 0.6931471805599453)
