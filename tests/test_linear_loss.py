@@ -372,6 +372,7 @@ TOPK_TRITON_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # ~6 s of CPU in Triton's interpreter; on a CUDA machine it runs compiled
 def test_triton_topk_path_matches_float64_references():
     """The top-K teacher's Triton kernels (statistics and gradient rows over sub-rows), a
     few seconds in Triton's interpreter."""
