@@ -31,6 +31,7 @@ import transformers
 from omegaconf import DictConfig, OmegaConf
 
 from distill_guard import DistillGuard
+from distill_guard.extras import require
 from distill_guard.summary import VERDICT_SKIP, VERDICT_TRAIN
 from distill_guard.teachers import SGLangHTTPTeacher, Teacher, TorchTeacher
 from examples.sdpo_sciknoweval.arms import ARMS, ArmSpec, make_guard, run_guarded_arm
@@ -226,6 +227,9 @@ def pretrain_config(cfg: DictConfig) -> PretrainConfig:
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     fault = check_fault(cfg.fault)
+    if cfg.wandb.mode != "disabled":  # before the first arm trains, not after it
+        require(f"the demo's wandb runs (wandb.mode={cfg.wandb.mode}; wandb.mode=disabled runs "
+                "without them)", "wandb", "wandb")  # fmt: skip
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per teacher request
     transformers.utils.logging.disable_progress_bar()
     torch.manual_seed(cfg.seed)

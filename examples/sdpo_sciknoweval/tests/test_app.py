@@ -8,6 +8,7 @@ import io
 import json
 import math
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from hydra import compose, initialize_config_dir
 
 from distill_guard import DistillGuard
 from distill_guard.events import read_events
+from distill_guard.extras import MissingExtra
 from distill_guard.summary import GUARD_METRICS, VERDICT_SKIP
 from examples.sdpo_sciknoweval import app
 from examples.sdpo_sciknoweval.pretrain import pretrain
@@ -52,12 +54,24 @@ def demo_run(tmp_path_factory, demo_pretrain) -> tuple[dict, Path, str]:
     """``make demo``, once per module: its config as composed with no override (only the output
     folder differs), its warm-up found in the cache (``app.run`` trains the same models when the
     cache is missing: the hash says so). Its result, folder and what it printed."""
+    pytest.importorskip("wandb")  # the demo logs to wandb offline
     out = tmp_path_factory.mktemp("demo")
     (out / "pretrain").symlink_to(demo_pretrain, target_is_directory=True)
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         result = app.run(compose_demo([f"out_dir={out}"]))
     return result, out, printed.getvalue()
+
+
+def test_without_wandb_the_demo_stops_before_training_and_names_the_install_line(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # an import of wandb fails, as uninstalled
+    with pytest.raises(MissingExtra) as info:
+        app.run(compose_demo([f"out_dir={tmp_path}"]))
+    assert "pip install 'distill_guard[wandb]'" in str(info.value)
+    assert "wandb.mode=disabled" in str(info.value)
+    assert list(tmp_path.iterdir()) == []  # nothing trained, nothing written
 
 
 @pytest.fixture(scope="module")
