@@ -28,8 +28,6 @@ from dataclasses import dataclass
 
 import torch
 
-import distill_guard.checks.pairing as pairing
-import distill_guard.checks.teacher_collapse as teacher_collapse
 import distill_guard.signals as signals
 from distill_guard.checks import Check, default_checks
 from distill_guard.findings import Finding, Severity
@@ -47,8 +45,6 @@ class _EveryStepInfo(Check):
         return [Finding("bench.info", Severity.INFO, "benchmark event", metrics.step)]
 
 
-FUSED_MODULES = (signals, teacher_collapse, pairing)
-"""The modules whose ``fusable_float32`` picks the teacher checks' Triton kernels."""
 FUSABLE = signals.fusable_float32
 
 
@@ -56,8 +52,7 @@ def _stats_path(path: str) -> None:
     """Sends the teacher checks' statistics (teacher collapse, the rows' top-1, the pairing
     gaps) through their Triton kernels where they apply (``fused``, the default) or always
     through PyTorch (``torch``)."""
-    for module in FUSED_MODULES:
-        module.fusable_float32 = FUSABLE if path == "fused" else (lambda *tensors: False)
+    signals.fusable_float32 = FUSABLE if path == "fused" else (lambda *tensors: False)
 
 
 def main() -> None:

@@ -215,7 +215,7 @@ def fusable_float32(*tensors: torch.Tensor) -> bool:
 def row_max(rows: torch.Tensor) -> torch.Tensor:
     """Each row's maximum of ``rows [N, K]`` (NaN where a row holds one), as
     ``rows.amax(dim=1)``; in one Triton launch for CUDA float32 rows up to K = 512."""
-    if rows.dim() == 2 and fusable_float32(rows):
+    if fusable_float32(rows):
         from distill_guard.kernels.teacher_stats import MAX_FUSED_K, triton_row_max
 
         if rows.shape[1] <= MAX_FUSED_K:

@@ -79,9 +79,9 @@ class Alerter:
 
     Without ``sinks`` the alerter builds its own: wandb (when ``use_wandb`` and a ``run`` is
     given or wandb is installed; it sends only while a run is active, ``run`` or else
-    ``wandb.run``) and a webhook
-    when ``webhook_env`` names an environment variable that is set. An exception from a sink is
-    caught and reported through ``on_error``; it never reaches the trainer.
+    ``wandb.run``) and a webhook when ``webhook_env`` names an environment variable that is set.
+    An exception from a sink is caught and reported through ``on_error``; it never reaches the
+    trainer.
 
     The logger gets each title's full message once; repeats inside ``min_interval_s`` are
     counted, the first one after the window is one short line with the count, and :meth:`close`

@@ -23,10 +23,10 @@ from typing import ClassVar, NamedTuple
 
 import torch
 
+from distill_guard import signals
 from distill_guard.checks.base import Check, to_host
 from distill_guard.findings import Code, Finding, Severity
 from distill_guard.observations import RunSpec, TeacherScores
-from distill_guard.signals import fusable_float32
 
 
 @dataclass
@@ -128,7 +128,7 @@ class TokenPairingCheck(Check):
         """The gaps' sum (finite iff every gap is) and how many are at or above the bound."""
         if gaps is None:
             return {}
-        if fusable_float32(gaps.top1, gaps.tok):  # one launch where PyTorch takes five
+        if signals.fusable_float32(gaps.top1, gaps.tok):  # one launch where PyTorch takes five
             from distill_guard.kernels.teacher_stats import triton_gap_parts
 
             both = triton_gap_parts(gaps.top1, gaps.tok, self.max_median_gap)

@@ -9,16 +9,12 @@ from typing import Any, ClassVar
 
 import torch
 
+from distill_guard import signals
 from distill_guard.checks.base import Check, to_host
 from distill_guard.errors import GuardValueError
 from distill_guard.findings import Code, Finding, Severity
 from distill_guard.observations import Metric, RunSpec, StepMetrics, TeacherScores
-from distill_guard.signals import (
-    fusable_float32,
-    infer_uniform_vocab_size,
-    mean_spread,
-    uniform_logprob,
-)
+from distill_guard.signals import infer_uniform_vocab_size, mean_spread, uniform_logprob
 
 FIX = (
     "Re-load the teacher's weights now (the guard's rewake does this), and relaunch the teacher "
@@ -215,30 +211,25 @@ class TeacherCollapseCheck(Check):
 
         known = run.vocab_size is not None
         target = uniform_logprob(run.vocab_size) if known else math.nan
-        partials = []
-        for view in views:
-            many = view.topk and view.x.shape[1] > 1
-            partials.append(
-                triton_view_parts(
-                    view.values.contiguous(),
-                    view.x.contiguous() if many else None,
-                    target=target,
-                    atol=self.atol,
-                    low_bound=self._near_bound(run) if known and view.topk else -math.inf,
-                    flat_below=-math.log(view.x.shape[1]) if many else -math.inf,
-                )
+        partials = [
+            triton_view_parts(  # bounds of -inf count nothing where _parts counts nothing
+                view.values,
+                view.x if view.many else None,
+                target=target,
+                atol=self.atol,
+                low_bound=self._near_bound(run) if known and view.topk else -math.inf,
+                flat_below=-math.log(view.x.shape[1]) if view.many and not known else -math.inf,
             )
+            for view in views
+        ]
         host = torch.cat(partials).numpy(force=True)  # the one transfer
         got, start = [], 0
-        for view, part in zip(views, partials):
+        for part in partials:
             mine = combine_parts(host[start : start + part.shape[0]])
             start += part.shape[0]
-            many = view.topk and view.x.shape[1] > 1
-            keep = {"sum", "sum_sq", "high"}
-            keep |= {"mass"} if many else set()
-            keep |= ({"uniform", "low"} if view.topk else {"uniform"}) if known else set()
-            keep |= {"flat"} if many and not known else set()
-            got.append({k: x for k, x in mine.items() if k in keep})
+            if not known:  # no uniform count without V, as _parts: its fraction is NaN
+                del mine["uniform"]
+            got.append(mine)
         return got
 
     def _parts(self, view: _View, run: RunSpec, *, clean: bool = False) -> dict[str, torch.Tensor]:
@@ -252,12 +243,11 @@ class TeacherCollapseCheck(Check):
         kept = torch.where(finite, v, 0.0) if clean else v
         wide = kept.double()
         parts = {"sum": kept.sum(dtype=torch.float64), "sum_sq": wide.square().sum()}
-        many = view.topk and view.x.shape[1] > 1
         if clean:
             parts["finite"] = finite.sum(dtype=torch.float64)
         else:
             parts["high"] = v.float().amax()
-            if many:
+            if view.many:
                 parts["mass"] = view.x.float().exp().sum(dim=1).amax()
         if run.vocab_size is not None:
             target = uniform_logprob(run.vocab_size)
@@ -265,7 +255,7 @@ class TeacherCollapseCheck(Check):
             if view.topk:
                 low = wide <= self._near_bound(run)
                 parts["low"] = (low & finite if clean else low).sum(dtype=torch.float64)
-        elif many:
+        elif view.many:
             parts["flat"] = self._flat_rows(view).sum(dtype=torch.float64)
         return parts
 
@@ -290,7 +280,7 @@ class TeacherCollapseCheck(Check):
         }
         if run.vocab_size is not None:
             return self._uniform(view, s, scores, run, measured, findings)
-        if view.topk and view.x.shape[1] > 1:
+        if view.many:
             findings += self._flat(view, s, scores.step, measured)
         return findings
 
@@ -439,7 +429,7 @@ class TeacherCollapseCheck(Check):
         """The largest finite value and the largest row log-mass over the finite entries (−inf
         for tokens), exactly: the summary's, read on raw values, are spoilt by a non-finite one."""
         worst = [torch.where(torch.isfinite(view.values), view.values, -math.inf).float().amax()]
-        if view.topk and view.x.shape[1] > 1:
+        if view.many:
             rows = torch.where(torch.isfinite(view.x), view.x, -math.inf).float()
             worst.append(torch.logsumexp(rows, dim=1).amax())
         high, mass = [*torch.stack(worst).tolist(), -math.inf][:2]  # one host sync
@@ -497,10 +487,10 @@ def _fusable(view: _View) -> bool:
     (other dtypes compare with −ln V in their own precision, which the kernel does not), top-k
     rows up to :data:`~distill_guard.kernels.teacher_stats.MAX_FUSED_K` wide."""
     if not view.topk:
-        return fusable_float32(view.values)
+        return signals.fusable_float32(view.values)
     from distill_guard.kernels.teacher_stats import MAX_FUSED_K
 
-    return view.x.shape[1] <= MAX_FUSED_K and fusable_float32(view.values, view.x)
+    return view.x.shape[1] <= MAX_FUSED_K and signals.fusable_float32(view.values, view.x)
 
 
 @dataclass
@@ -525,6 +515,11 @@ class _View:
         if x.numel() == 0:
             return None
         return cls(x, topk, scores.top1 if topk else x)
+
+    @property
+    def many(self) -> bool:
+        """Top-k rows of more than one entry: a row mass and a flat level to read."""
+        return self.topk and self.x.shape[1] > 1
 
     @property
     def kind(self) -> str:

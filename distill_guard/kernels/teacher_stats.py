@@ -12,6 +12,8 @@ the host combines them after the check's one transfer (:func:`combine_parts`). T
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -143,26 +145,19 @@ def triton_gap_parts(top1: torch.Tensor, tokens: torch.Tensor, bound: float) -> 
     out = torch.empty(blocks, 2, dtype=torch.float64, device=top1.device)
     _gap_parts_kernel[(blocks,)](
         top_ptr=top1, tok_ptr=tokens, out_ptr=out, n=n,
-        far_from=_float32_at_or_above(bound), BLOCK=ROWS_PER_BLOCK, num_warps=NUM_WARPS,
+        far_from=_float32_toward(bound, math.inf), BLOCK=ROWS_PER_BLOCK, num_warps=NUM_WARPS,
     )  # fmt: skip
     return out.sum(dim=0)
 
 
-def _float32_at_or_above(bound: float) -> float:
-    """The smallest float32 ≥ ``bound``: for float32 ``g``, ``g >= bound`` (compared in float64)
-    is ``g >= _float32_at_or_above(bound)`` compared in float32."""
+def _float32_toward(bound: float, side: float) -> float:
+    """The float32 nearest ``bound`` on its ``side`` (+inf or −inf), ``bound`` itself where
+    float32 holds it: for float32 ``v``, ``v >= bound`` compared in float64 is
+    ``v >= _float32_toward(bound, inf)`` compared in float32, and ``v <= bound`` is
+    ``v <= _float32_toward(bound, -inf)`` (Triton passes a Python float as float32)."""
     f = np.float32(bound)
-    if float(f) < bound:
-        f = np.nextafter(f, np.float32(np.inf))
-    return float(f)
-
-
-def _float32_at_or_below(bound: float) -> float:
-    """The largest float32 ≤ ``bound``: for float32 ``v``, ``v <= bound`` (compared in float64)
-    is ``v <= _float32_at_or_below(bound)`` compared in float32."""
-    f = np.float32(bound)
-    if float(f) > bound:
-        f = np.nextafter(f, np.float32(-np.inf))
+    if (side > 0 and float(f) < bound) or (side < 0 and float(f) > bound):  # the other side
+        f = np.nextafter(f, np.float32(side))
     return float(f)
 
 
@@ -181,6 +176,8 @@ def triton_view_parts(
     Python float), of v ≤ low_bound (as compared in float64) and of flat rows
     (:meth:`~distill_guard.checks.teacher_collapse.TeacherCollapseCheck._flat_rows`). A
     ``target`` of NaN counts nothing. No host sync."""
+    values = values.contiguous()
+    rows = rows.contiguous() if rows is not None else None
     n = values.shape[0]
     k = rows.shape[1] if rows is not None else 1
     block = rows_per_block(k)
@@ -192,7 +189,7 @@ def triton_view_parts(
     # #flat rows (top-1 − row min ≤ atol, top-1 < flat_below, top-1 finite)
     _view_parts_kernel[(blocks,)](
         v_ptr=values, x_ptr=x, out_ptr=out, n=n, k=k, stride_x=x.stride(0),
-        target=target, atol=atol, low_bound=_float32_at_or_below(low_bound),
+        target=target, atol=atol, low_bound=_float32_toward(low_bound, -math.inf),
         flat_below=flat_below,
         HAS_X=has_x, BLOCK=block, BLOCK_K=triton.next_power_of_2(k),
         num_warps=NUM_WARPS,

@@ -13,8 +13,6 @@ import collections
 
 import torch
 
-import distill_guard.checks.pairing as pairing
-import distill_guard.checks.teacher_collapse as teacher_collapse
 import distill_guard.kernels.teacher_stats as teacher_stats
 import distill_guard.signals as signals
 
@@ -41,8 +39,7 @@ def _counted(name: str):
 
 
 def pytest_configure(config) -> None:
-    for module in (signals, teacher_collapse, pairing):
-        module.fusable_float32 = _float32_anywhere
+    signals.fusable_float32 = _float32_anywhere
     for name in KERNELS:
         setattr(teacher_stats, name, _counted(name))
 
