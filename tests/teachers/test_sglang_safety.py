@@ -69,7 +69,8 @@ def test_tags_are_honoured_on_servers_without_server_info(tiny_dir, serve, versi
 
 @pytest.mark.parametrize("action", ["resume_unreleased", "release_busy"])
 def test_the_reference_server_dies_where_sglang_dies(tiny_dir, serve, action) -> None:
-    url, _ = serve(tiny_dir, latency_s=0.5)
+    # a request runs 5 s unless the release kills it: the release lands inside it on any machine
+    url, _ = serve(tiny_dir, latency_s=5.0)
     if action == "resume_unreleased":
         r = httpx.post(url + "/resume_memory_occupation", json={"tags": ["weights"]})
     else:
@@ -77,7 +78,7 @@ def test_the_reference_server_dies_where_sglang_dies(tiny_dir, serve, action) ->
             target=lambda: httpx.post(url + "/generate", json=_score_body(), timeout=5)
         )
         worker.start()
-        time.sleep(0.2)
+        time.sleep(0.3)
         r = httpx.post(url + "/release_memory_occupation", json={})
         worker.join()
     assert r.status_code == 500 and "scheduler died" in r.text

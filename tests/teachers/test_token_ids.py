@@ -155,7 +155,8 @@ def test_without_the_rule_the_mixed_batch_kills_the_reference_server(tiny_dir, s
     """What the rule prevents: on 0.5.12 a top-k request without ids running beside one with
     ids kills the server (the client bypassed with ``traffic_token_ids=True`` on one side
     only, as a host that never told the guard would)."""
-    url, _ = serve(tiny_dir, version="0.5.12", latency_s=0.3)
+    # 1 s of running: the two requests overlap (one batch) even on a loaded machine
+    url, _ = serve(tiny_dir, version="0.5.12", latency_s=1.0)
     host = SGLangHTTPTeacher(url, traffic_token_ids=True, max_retries=0)
     guard = SGLangHTTPTeacher(url, max_retries=0)  # told no ids: its top-k request carries none
     with host, guard:

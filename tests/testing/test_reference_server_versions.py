@@ -133,6 +133,14 @@ class Served:
         with self.server.scheduler.loop:
             return self.server.scheduler.count(phase)
 
+    def stall(self) -> None:
+        """Running requests stay running until :meth:`let_run`: a control call sent meanwhile
+        finds them running on any machine, however loaded (no window to land in)."""
+        self.server.scheduler.stall()
+
+    def let_run(self) -> None:
+        self.server.scheduler.let_run()
+
     def until(self, phase: Phase, n: int = 1, within_s: float = 5.0) -> None:
         """Wait until ``n`` requests are in ``phase``."""
         deadline = time.monotonic() + within_s
@@ -266,6 +274,13 @@ def test_server_info(serve, version) -> None:
     assert s.get("/get_server_info").status_code == 200 == s.get("/get_model_info").status_code
 
 
+def _until(condition: Callable[[], bool], within_s: float = 5.0) -> None:
+    deadline = time.monotonic() + within_s
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.005)
+
+
 def _pause_none(s: Served) -> None:
     assert s.post("/pause_generation", {}).status_code == 404
     assert s.post("/continue_generation", {}).status_code == 404
@@ -274,6 +289,7 @@ def _pause_none(s: Served) -> None:
 def _pause_abort_all(s: Served) -> None:
     """0.4.9–0.5.5: no body read; waiting requests aborted at once; the call answers before the
     running request's last forward, which still runs and answers "Aborted"."""
+    s.stall()
     running = Call(s)
     s.until(Phase.RUNNING)
     waiting = Call(s)
@@ -282,6 +298,7 @@ def _pause_abort_all(s: Served) -> None:
     assert r.status_code == 200 and r.json() == PAUSED
     assert s.count(Phase.RUNNING) == 1  # answered before the running request's forward
     assert finish(waiting.result())["message"] == "Abort before prefill"
+    s.let_run()
     aborted = running.result()
     assert finish(aborted)["type"] == "abort" and finish(aborted)["message"] == "Aborted"
     assert len(aborted.json()["meta_info"]["input_token_logprobs"]) == len(SCORE["input_ids"])
@@ -296,7 +313,8 @@ def _pause_modes(s: Served) -> None:
     assert s.post("/pause_generation").status_code == 400
     assert s.post("/pause_generation", {"mode": "later"}).status_code == 400
     assert s.post("/continue_generation").status_code == 400
-    first, second = Call(s), None
+    s.stall()
+    first = Call(s)
     s.until(Phase.RUNNING)
     second = Call(s)
     s.until(Phase.WAITING)
@@ -304,18 +322,26 @@ def _pause_modes(s: Served) -> None:
     assert (s.count(Phase.RUNNING), s.count(Phase.WAITING)) == (0, 2)
     assert s.post("/continue_generation").status_code == 400  # no body: still paused
     assert s.count(Phase.WAITING) == 2
+    s.let_run()
     assert s.post("/continue_generation", {}).json() == CONTINUED
     assert finish(first.result())["type"] == "length" == finish(second.result())["type"]
+    s.stall()
     frozen = Call(s)
     s.until(Phase.RUNNING)
     assert s.post("/pause_generation", {"mode": "in_place"}).status_code == 200
+    s.let_run()
     time.sleep(3 * LATENCY + 0.1)
     assert frozen.is_alive() and s.count(Phase.RUNNING) == 1  # no progress while frozen
     assert s.post("/continue_generation", {}).status_code == 200
     assert finish(frozen.result())["type"] == "length"
+    s.stall()
     running = Call(s)
     s.until(Phase.RUNNING)
-    assert s.post("/pause_generation", {}).json() == PAUSED
+    pause = Call(s, "/pause_generation", {})  # an abort: it answers once nothing is in flight
+    _until(lambda: s.server.scheduler.hold)  # the pause is in: the request is aborted running
+    assert pause.is_alive()
+    s.let_run()
+    assert pause.result().json() == PAUSED
     assert s.count(Phase.RUNNING) == 0 and not s.server.scheduler.engine_paused
     assert finish(running.result())["message"] == "Aborted"
     assert s.post("/continue_generation", {}).status_code == 200
@@ -324,8 +350,7 @@ def _pause_modes(s: Served) -> None:
 @pytest.mark.parametrize("version", representatives("pause"))
 def test_pause(serve, version) -> None:
     """``/pause_generation`` per version (none until 0.4.9)."""
-    # long enough that a loaded machine answers the pause before the running request ends
-    s = serve(version, latency_s=3 * LATENCY, max_running=1)
+    s = serve(version, latency_s=LATENCY, max_running=1)
     {Pause.NONE: _pause_none, Pause.ABORT_ALL: _pause_abort_all, Pause.MODES: _pause_modes}[
         row("pause", version)
     ](s)
@@ -405,12 +430,14 @@ def test_release_check(serve, version) -> None:
         assert r.status_code == 200 and s.alive()
         assert s.post("/resume_memory_occupation", {}).status_code == 200
 
-    s = serve(version, latency_s=LATENCY)
+    s = serve(version)
+    s.stall()
     running = Call(s)
     s.until(Phase.RUNNING)
     r = s.post("/release_memory_occupation", {})
     if check is IdleCheck.NOTHING:
         assert r.status_code == 200
+        s.let_run()
         assert_killed(running.result(), "a forward over released memory")
     else:
         assert_killed(r, "1 request(s) running")
@@ -423,7 +450,7 @@ def test_flush_check(serve, version) -> None:
     while one waits where the check counts waiting; it never kills."""
     check = row("flush_check", version)
     refused = "Flush cache failed.\n" if row("flush_timeout", version) else FLUSHED
-    s = serve(version, latency_s=LATENCY, max_running=0)
+    s = serve(version, max_running=0)
     request = Call(s)
     s.until(Phase.WAITING)
     r = s.post("/flush_cache")
@@ -437,10 +464,12 @@ def test_flush_check(serve, version) -> None:
         r = s.post("/flush_cache?timeout=0.1")  # ... except by a flush that waits (answers Q5)
         assert (r.status_code, r.text) == (400, "Timed out waiting for idle state.")
         assert s.post("/continue_generation", {}).status_code == 200
+    s.stall()
     s.server.scheduler.set_max_running(1)
     s.until(Phase.RUNNING)
     r = s.post("/flush_cache")
     assert (r.status_code, r.text) == (400, refused)
+    s.let_run()
     assert finish(request.result())["type"] == "length"
     assert (s.post("/flush_cache").status_code, s.alive()) == (200, True)
 
@@ -450,6 +479,8 @@ def test_flush_timeout(serve, version) -> None:
     """``?timeout=S`` waits for idle from 0.5.10 (else 400 "Timed out ..."; a negative S is a
     validation 400); before, the parameter is ignored and a busy server answers 400 at once."""
     s = serve(version, latency_s=LATENCY)
+    if not row("flush_timeout", version):
+        s.stall()  # refused at once: the request it would wait for still runs
     request = Call(s)
     s.until(Phase.RUNNING)
     r = s.post("/flush_cache?timeout=5")
@@ -457,16 +488,19 @@ def test_flush_timeout(serve, version) -> None:
         assert (r.status_code, r.text) == (200, FLUSHED)
         assert s.count(Phase.RUNNING) == 0  # it waited for the running request to finish
         assert request.result() is not None
+        s.stall()
         request = Call(s)
         s.until(Phase.RUNNING)
         r = s.post("/flush_cache?timeout=0.05")
         assert (r.status_code, r.text) == (400, "Timed out waiting for idle state.")
+        s.let_run()
         request.result()
         r = s.post("/flush_cache?timeout=-1")
         assert r.status_code == 400 and r.json()["code"] == 400  # FastAPI's check, as 400
     else:
         assert (r.status_code, r.text) == (400, FLUSHED)
-        assert request.is_alive()  # refused at once: the request it would wait for still runs
+        assert request.is_alive()
+        s.let_run()
         request.result()
         assert s.post("/flush_cache?timeout=-1").status_code == 200  # not read
     assert s.alive()
@@ -503,12 +537,11 @@ def test_reload_flush_refused(serve, tiny_dir, newer_dir, version) -> None:
     r = s.post("/update_weights_from_disk", {"model_path": str(tiny_dir)})
     assert r.status_code == 200 and r.json()["success"] is True
     assert finish(request.result())["type"] == "length"
-    # the in-place pause must reach the server inside this request's forward: a window of 1 s,
-    # not LATENCY, so that a loaded machine (2 CI workers on 2 cores) still lands in it
-    s.server.latency_s = 4 * LATENCY
+    s.stall()  # the in-place pause reaches the server while this request runs
     frozen = Call(s)
     s.until(Phase.RUNNING)
     assert s.post("/pause_generation", {"mode": "in_place"}).status_code == 200
+    s.let_run()  # still frozen: paused in place
     r = s.post("/update_weights_from_disk", {"model_path": str(newer_dir)})
     if row("reload_flush_refused", version) is Outcome.KILLS:
         assert_killed(r, "Cache flush failed after updating weights")
@@ -693,13 +726,20 @@ def test_fatal_mixed_token_ids_batch(serve, version) -> None:
     for same in (SCORE, with_ids):  # all alike: one batch, served
         first, second = Call(s, body=same), Call(s, body=same)
         assert finish(first.result()) and finish(second.result())
+    s.stall()
     first = Call(s, body=SCORE)
     s.until(Phase.RUNNING)
     second = Call(s, body=with_ids)
     s.until(Phase.RUNNING, 2)  # running together: one batch
+    s.let_run()
     if row("fatal_mixed_token_ids_batch", version) is Outcome.KILLS:
-        assert_killed(first.result(), "mixing a token_ids_logprob request")
-        second.result()
+        # whichever forward runs first kills; the other request is answered by a dying server
+        answers = [r for r in (first.result(), second.result()) if r is not None]
+        assert all(r.status_code in (500, 503) for r in answers), [r.text for r in answers]
+        for r in answers:
+            if r.status_code == 500:
+                assert_killed(r, "mixing a token_ids_logprob request")
+        assert "mixing a token_ids_logprob request" in (s.server.dead_reason or "")
         assert_gone(s)
         return
     assert row("fatal_mixed_token_ids_batch", version) is Outcome.HARMLESS
@@ -757,9 +797,8 @@ def test_an_abort_all_pause_races_the_release(serve, version) -> None:
     """0.4.9–0.5.5: the pause answers before the running request's last forward, so a release
     sent at once kills: by that forward over released memory where the release checks nothing
     (≤0.5.4), by the release's own assert on 0.5.5."""
-    # the release must reach the server inside the running request's last forward: a window of
-    # 1 s, not LATENCY, so that a loaded machine (2 CI workers on 2 cores) still lands in it
-    s = serve(version, latency_s=4 * LATENCY)
+    s = serve(version)
+    s.stall()  # the release reaches the server before the running request's last forward
     running = Call(s)
     s.until(Phase.RUNNING)
     assert s.post("/pause_generation").status_code == 200
@@ -767,6 +806,7 @@ def test_an_abort_all_pause_races_the_release(serve, version) -> None:
     r = s.post("/release_memory_occupation", {})
     if row("release_check", version) is IdleCheck.NOTHING:
         assert r.status_code == 200
+        s.let_run()
         assert_killed(running.result(), "a forward over released memory")
     else:
         assert_killed(r, "1 request(s) running")

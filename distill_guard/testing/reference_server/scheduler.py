@@ -83,6 +83,10 @@ class Scheduler:
         self.dead: str | None = None
         self.batch: list[Any] = []
         """While a forward runs: the marks of the other requests running with it (its batch)."""
+        self.stalled = False
+        """Tests only (no SGLang state): running requests make no progress until
+        :meth:`let_run`, so a control call is certain to find them running however slowly the
+        machine answers it."""
 
     # -- counts, under the lock ---------------------------------------------------------------
 
@@ -117,6 +121,22 @@ class Scheduler:
         """Change how many requests may run at once (tests: 0 keeps every request waiting)."""
         with self.loop:
             self.max_running_requests = n
+            self.loop.notify_all()
+
+    def stall(self) -> None:
+        """Tests only: stop the running requests' clocks until :meth:`let_run` (requests that
+        start running meanwhile start stopped)."""
+        with self.loop:
+            self.stalled = True
+            self._stop_clocks()
+
+    def let_run(self) -> None:
+        """Tests only: end :meth:`stall`; each running request goes on with the latency it had
+        left (an ``in_place`` pause still freezes them until continue)."""
+        with self.loop:
+            self.stalled = False
+            if not self.engine_paused:
+                self._start_clocks()
             self.loop.notify_all()
 
     def check_alive(self) -> None:
@@ -160,7 +180,8 @@ class Scheduler:
         if req.phase is Phase.HELD and not (self.hold or self.writers):
             req.phase = Phase.WAITING
         if req.phase is Phase.WAITING and self._may_start(req):
-            req.phase, req.left_s, req.since = Phase.RUNNING, self.latency_s, time.monotonic()
+            req.phase, req.left_s = Phase.RUNNING, self.latency_s
+            req.since = None if self.stalled else time.monotonic()
         return req.phase is Phase.RUNNING and self._wait_s(req) == 0.0
 
     def _may_start(self, req: Request) -> bool:
@@ -203,10 +224,19 @@ class Scheduler:
     def _freeze(self) -> None:
         """``in_place``: running requests keep their place and make no progress."""
         self.engine_paused = True
+        self._stop_clocks()
+
+    def _stop_clocks(self) -> None:
         now = time.monotonic()
         for r in self.requests:
             if r.phase is Phase.RUNNING and r.since is not None:
                 r.left_s, r.since = max(0.0, r.left_s - (now - r.since)), None
+
+    def _start_clocks(self) -> None:
+        now = time.monotonic()
+        for r in self.requests:
+            if r.phase is Phase.RUNNING and r.since is None:
+                r.since = now
 
     def _retract(self) -> None:
         """``retract_all``: running requests go back to the end of the waiting queue; they
@@ -224,10 +254,8 @@ class Scheduler:
         with self.loop:
             self.check_alive()
             self.hold = self.engine_paused = False
-            now = time.monotonic()
-            for r in self.requests:
-                if r.phase is Phase.RUNNING and r.since is None:
-                    r.since = now
+            if not self.stalled:
+                self._start_clocks()
             self.loop.notify_all()
 
     # -- reload -----------------------------------------------------------------------------------
