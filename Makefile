@@ -10,6 +10,12 @@ TORCH_INDEX_URL ?=
 # Two pytest workers, one file each at a time (module fixtures stay in one process): CI has 2 cores.
 PYTEST_WORKERS ?= 2
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile
+# The tests start many interpreters (the CLI, gloo ranks, Ray workers, servers): each reads the
+# byte code compiled at set-up, even where the environment sets PYTHONDONTWRITEBYTECODE.
+unexport PYTHONDONTWRITEBYTECODE
+# One torch (OpenMP) thread in every interpreter the tests start, as in the workers themselves
+# (tests/conftest.py): two workers on two cores, more threads only contend for them.
+test test-all: export OMP_NUM_THREADS = 1
 
 .PHONY: demo test test-all lint bench install-matrix clean
 
@@ -21,6 +27,7 @@ $(STAMP): pyproject.toml
 		'torch ' + torch.__version__ + ' is a CUDA build (CUDA ' + torch.version.cuda + '), not the CPU build this set-up needs; ' \
 		'rerun with TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu (after rm -rf $(VENV))')"
 	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m compileall -q distill_guard examples tests benchmarks > /dev/null
 	touch $(STAMP)
 
 demo: $(STAMP)
